@@ -1,0 +1,123 @@
+#pragma once
+
+#include <cstdint>
+#include <iterator>
+#include <memory>
+#include <optional>
+
+#include "ferry/batch.h"
+#include "ferry/collate.h"
+#include "ferry/data_loader_options.h"
+#include "ferry/dataset.h"
+#include "ferry/sampler.h"
+
+namespace ferry {
+
+namespace detail {
+class EpochIterator;  // one epoch's source of batches (in-process or worker processes)
+struct LoaderState;
+}  // namespace detail
+
+/// Iterates batches of a dataset, as torch.utils.data.DataLoader does.
+///
+///   auto dataset = std::make_shared<MyDataset>();
+///   ferry::DataLoader loader(dataset, {.batch_size = 64, .shuffle = true, .seed = 0});
+///   for (int epoch = 0; epoch < 10; ++epoch) {
+///     loader.set_epoch(epoch);          // optional: each iteration moves to the next epoch
+///     for (auto& batch : loader) train(batch["image"], batch["label"]);
+///   }
+///
+/// Each `begin()` starts an epoch: the first is epoch 0, each later one the next, unless
+/// `set_epoch(e)` chose another. The epoch reaches the sampler (a new shuffle per epoch; for
+/// `DistributedSampler`, PyTorch's `set_epoch` order) and each sample's random generator.
+///
+/// Constructors check every option against PyTorch's rules and throw `ferry::ConfigError` naming
+/// the option, its value and the fix, before anything runs. A loader is not thread-safe: iterate
+/// it from one thread. An iterator keeps what it needs alive, so it (and every batch) may outlive
+/// the loader.
+class DataLoader {
+ public:
+  class Iterator;
+  /// The end of an epoch.
+  struct Sentinel {};
+
+  /// A map-style dataset with the default order (`shuffle` chooses sequential or random).
+  DataLoader(std::shared_ptr<const Dataset> dataset,
+             DataLoaderOptions options = {},
+             CollateFn collate_fn = {});
+  /// A map-style dataset with a sampler (`shuffle` must then be false).
+  DataLoader(std::shared_ptr<const Dataset> dataset,
+             DataLoaderOptions options,
+             std::shared_ptr<Sampler> sampler,
+             CollateFn collate_fn = {});
+  /// A map-style dataset with a batch sampler (then batch_size must stay 1, and shuffle and
+  /// drop_last false, as in PyTorch).
+  DataLoader(std::shared_ptr<const Dataset> dataset,
+             DataLoaderOptions options,
+             std::shared_ptr<BatchSampler> batch_sampler,
+             CollateFn collate_fn = {});
+  /// An iterable dataset: no sampler, no shuffle; each worker runs its own stream.
+  DataLoader(std::shared_ptr<const IterableDataset> dataset,
+             DataLoaderOptions options = {},
+             CollateFn collate_fn = {});
+  /// Iterable datasets take no sampler; these throw `ConfigError` saying so (they exist so that
+  /// configuration-driven code gets the same clear error as PyTorch's).
+  DataLoader(std::shared_ptr<const IterableDataset> dataset,
+             DataLoaderOptions options,
+             std::shared_ptr<Sampler> sampler,
+             CollateFn collate_fn = {});
+  DataLoader(std::shared_ptr<const IterableDataset> dataset,
+             DataLoaderOptions options,
+             std::shared_ptr<BatchSampler> batch_sampler,
+             CollateFn collate_fn = {});
+
+  DataLoader(DataLoader&&) noexcept;
+  DataLoader& operator=(DataLoader&&) noexcept;
+  ~DataLoader();
+
+  /// Starts the next epoch and returns its first position.
+  Iterator begin();
+  Sentinel end() const noexcept { return {}; }
+
+  /// Number of batches an epoch yields (`len(loader)`). For an iterable dataset it needs
+  /// `size_hint()`, and throws `ferry::Error` without one.
+  std::size_t size() const;
+  /// Chooses the epoch the next `begin()` runs; later ones follow from it.
+  void set_epoch(std::uint64_t epoch) noexcept;
+  /// The epoch the next `begin()` will run.
+  std::uint64_t epoch() const noexcept;
+  /// The options after `resolve()`: the seed in use, the prefetch factor.
+  const DataLoaderOptions& options() const noexcept;
+
+ private:
+  std::shared_ptr<detail::LoaderState> state_;
+};
+
+/// Walks one epoch. Copies share the epoch; advancing one advances all (an input iterator).
+class DataLoader::Iterator {
+ public:
+  using iterator_category = std::input_iterator_tag;
+  using value_type = Batch;
+  using difference_type = std::ptrdiff_t;
+  using pointer = Batch*;
+  using reference = Batch&;
+
+  Iterator() = default;
+  /// The current batch. If loading it failed (a dataset exception, a collate mismatch), rethrows
+  /// that error instead; `++` then goes on with the next batch, as PyTorch's iterator does.
+  Batch& operator*() const;
+  Batch* operator->() const { return &**this; }
+  /// Loads the next batch.
+  Iterator& operator++();
+  void operator++(int) { ++*this; }
+  friend bool operator==(const Iterator& it, Sentinel) noexcept { return it.at_end(); }
+
+ private:
+  friend class DataLoader;
+  explicit Iterator(std::shared_ptr<detail::EpochIterator> epoch);
+  bool at_end() const noexcept;
+
+  std::shared_ptr<detail::EpochIterator> epoch_;
+};
+
+}  // namespace ferry

@@ -1,0 +1,49 @@
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string_view>
+
+#include <torch/types.h>
+
+namespace ferry {
+
+/// How worker processes start (PyTorch's `multiprocessing_context`).
+enum class StartMethod {
+  kFork,        ///< fork the loader's process: fastest start, dataset shared copy-on-write
+  kSpawn,       ///< start a fresh process and rebuild the dataset from its configuration
+  kForkserver,  ///< fork from a clean server process that `ferry::init` starts early
+};
+
+std::string_view to_string(StartMethod method) noexcept;
+
+inline constexpr std::size_t kDefaultPrefetchFactor = 2;
+
+/// Options for `DataLoader`; names and defaults follow torch.utils.data.DataLoader. Objects (the
+/// dataset, a sampler or batch sampler, a collate function) are constructor arguments instead.
+///
+///   ferry::DataLoader loader(dataset, {.batch_size = 64, .shuffle = true, .num_workers = 8});
+struct DataLoaderOptions {
+  std::size_t batch_size = 1;
+  bool shuffle = false;
+  std::size_t num_workers = 0;                   // 0: load in the calling thread
+  std::optional<std::size_t> prefetch_factor{};  // batches in flight per worker; 2 with workers
+  bool persistent_workers = false;
+  bool pin_memory = false;
+  bool drop_last = false;
+  std::chrono::milliseconds timeout{0};  // 0: wait forever; YAML gives seconds
+  std::function<void(std::size_t worker_id)> worker_init_fn{};  // runs once in each worker
+  bool in_order = true;
+  std::optional<std::uint64_t> seed{};  // PyTorch: generator; unset: drawn once per loader
+  StartMethod start_method = StartMethod::kFork;
+  std::optional<torch::Device> device{};  // copy each batch here (e.g. torch::kCUDA)
+};
+
+/// Checks `options` against PyTorch's rules and fills in derived defaults (prefetch_factor, seed).
+/// Throws `ferry::ConfigError` naming the option, the value and the fix.
+DataLoaderOptions resolve(DataLoaderOptions options);
+
+}  // namespace ferry

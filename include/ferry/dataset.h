@@ -1,0 +1,48 @@
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <optional>
+
+#include "ferry/example.h"
+#include "ferry/sample_context.h"
+
+namespace ferry {
+
+/// A map-style dataset: `size()` samples, loaded by index.
+///
+/// `get` may run in a worker process (a forked copy of this object, or one rebuilt from its
+/// configuration under spawn) and, with `worker_threads > 1`, on several threads at once, so it
+/// is `const` and must not rely on state shared with the training loop. Changes made to the
+/// dataset in the main process after workers start do not reach them.
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual std::size_t size() const = 0;
+  /// Loads sample `index` (0 <= index < size()). Throw to report a bad sample: the loader raises
+  /// the error in the training loop with the index, worker and batch attached.
+  virtual Example get(std::size_t index, SampleContext& ctx) const = 0;
+};
+
+/// The stream of samples one worker produces for an iterable dataset.
+class ExampleStream {
+ public:
+  virtual ~ExampleStream() = default;
+  /// The next sample, or nullopt when this worker's stream has ended. `ctx.index()` is the
+  /// position in this stream.
+  virtual std::optional<Example> next(SampleContext& ctx) = 0;
+};
+
+/// An iterable dataset: each worker runs its own stream and the epoch ends when every stream
+/// has ended. Split the data between workers with `ctx.worker_id()` and `ctx.num_workers()`, as
+/// with torch.utils.data.get_worker_info(); otherwise each worker yields every sample.
+class IterableDataset {
+ public:
+  virtual ~IterableDataset() = default;
+  /// A new stream for the worker and epoch that `ctx` describes (`ctx.index()` is -1).
+  virtual std::unique_ptr<ExampleStream> stream(SampleContext& ctx) const = 0;
+  /// The number of samples in an epoch, when known; `DataLoader::size()` needs it.
+  virtual std::optional<std::size_t> size_hint() const { return std::nullopt; }
+};
+
+}  // namespace ferry

@@ -1,0 +1,15 @@
+#pragma once
+
+/// ferry: multi-process data loading for LibTorch training loops. This umbrella header brings in
+/// the whole public API; each header can also be included on its own.
+
+#include "ferry/batch.h"
+#include "ferry/collate.h"
+#include "ferry/data_loader.h"
+#include "ferry/data_loader_options.h"
+#include "ferry/dataset.h"
+#include "ferry/error.h"
+#include "ferry/example.h"
+#include "ferry/sample_context.h"
+#include "ferry/sampler.h"
+#include "ferry/version.h"

@@ -1,0 +1,187 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include <ATen/core/Generator.h>
+
+namespace ferry {
+
+/// Yields the dataset indices of one epoch. ferry's samplers follow torch.utils.data's names and
+/// semantics, and given a seed they yield exactly the indices PyTorch's do (tests/golden/).
+///
+/// `indices(epoch)` is a function of the sampler's arguments and `epoch` alone, so an epoch can be
+/// replayed or resumed. The loader passes its own epoch (`DataLoader::set_epoch`), so there is no
+/// separate `set_epoch` on the sampler to forget (pytorch#73141). Not thread-safe.
+class Sampler {
+ public:
+  virtual ~Sampler() = default;
+  /// Number of indices per epoch (`len(sampler)`).
+  virtual std::size_t size() const = 0;
+  virtual std::vector<std::int64_t> indices(std::uint64_t epoch) = 0;
+};
+
+/// 0, 1, ..., n-1.
+class SequentialSampler : public Sampler {
+ public:
+  explicit SequentialSampler(std::size_t size) : size_(size) {}
+  std::size_t size() const override { return size_; }
+  std::vector<std::int64_t> indices(std::uint64_t epoch) override;
+
+ private:
+  std::size_t size_;
+};
+
+/// A generator that continues from one epoch to the next, as a `torch.Generator` passed to a
+/// PyTorch sampler does: epoch `e` sees the state after epochs 0..e-1 have drawn. The state after
+/// the last epoch is cached, so consecutive epochs cost nothing extra; jumping back replays.
+class EpochGenerator {
+ public:
+  explicit EpochGenerator(std::uint64_t seed) : seed_(seed) {}
+  std::uint64_t seed() const noexcept { return seed_; }
+  /// Runs `draw(generator)` for every epoch up to `epoch`, returning what the last one drew.
+  template <class Draw>
+  auto at_epoch(std::uint64_t epoch, Draw&& draw) -> decltype(draw(std::declval<at::Generator&>()));
+
+ private:
+  std::uint64_t seed_;
+  std::optional<at::Generator> generator_;  // state at the start of epoch `next_epoch_`
+  std::uint64_t next_epoch_ = 0;
+
+  at::Generator& rewind_to(std::uint64_t epoch);
+};
+
+/// Random order without replacement (or `num_samples` draws with replacement), as
+/// `torch.utils.data.RandomSampler(data, replacement, num_samples,
+/// generator=torch.Generator().manual_seed(seed))` iterated `epoch + 1` times.
+class RandomSampler : public Sampler {
+ public:
+  struct Options {
+    bool replacement = false;
+    std::optional<std::size_t> num_samples{};  // default: the dataset size
+  };
+  /// Throws `ConfigError` if num_samples is 0.
+  RandomSampler(std::size_t data_size, std::uint64_t seed, Options options);
+  RandomSampler(std::size_t data_size, std::uint64_t seed)
+      : RandomSampler(data_size, seed, Options{}) {}
+  std::size_t size() const override { return num_samples_; }
+  std::vector<std::int64_t> indices(std::uint64_t epoch) override;
+
+ private:
+  std::size_t data_size_;
+  std::size_t num_samples_;
+  bool replacement_;
+  EpochGenerator generator_;
+};
+
+/// The given indices in random order, as `torch.utils.data.SubsetRandomSampler`.
+class SubsetRandomSampler : public Sampler {
+ public:
+  SubsetRandomSampler(std::vector<std::int64_t> subset, std::uint64_t seed);
+  std::size_t size() const override { return subset_.size(); }
+  std::vector<std::int64_t> indices(std::uint64_t epoch) override;
+
+ private:
+  std::vector<std::int64_t> subset_;
+  EpochGenerator generator_;
+};
+
+/// `num_samples` indices drawn with probability proportional to `weights`, as
+/// `torch.utils.data.WeightedRandomSampler`. Throws `ConfigError` for a negative, NaN or infinite
+/// weight, all-zero weights, num_samples 0, or more draws without replacement than non-zero
+/// weights.
+class WeightedRandomSampler : public Sampler {
+ public:
+  WeightedRandomSampler(std::vector<double> weights,
+                        std::size_t num_samples,
+                        std::uint64_t seed,
+                        bool replacement = true);
+  std::size_t size() const override { return num_samples_; }
+  std::vector<std::int64_t> indices(std::uint64_t epoch) override;
+
+ private:
+  at::Tensor weights_;
+  std::size_t num_samples_;
+  bool replacement_;
+  EpochGenerator generator_;
+};
+
+/// This rank's share of the dataset, as `torch.utils.data.distributed.DistributedSampler`: the
+/// order (shuffled with seed `seed + epoch` when `shuffle`) is padded by wrapping around to a
+/// multiple of `num_replicas` (or cut to one with `drop_last`), and rank r takes every
+/// num_replicas-th index from r.
+class DistributedSampler : public Sampler {
+ public:
+  struct Options {
+    /// World size; default: the `WORLD_SIZE` environment variable, as torchrun sets it.
+    std::optional<std::size_t> num_replicas{};
+    /// This process's rank; default: the `RANK` environment variable.
+    std::optional<std::size_t> rank{};
+    bool shuffle = true;
+    std::uint64_t seed = 0;
+    bool drop_last = false;
+  };
+  /// Throws `ConfigError` if the rank is outside [0, num_replicas), num_replicas is 0, or they are
+  /// neither given nor in the environment.
+  DistributedSampler(std::size_t data_size, Options options);
+  explicit DistributedSampler(std::size_t data_size) : DistributedSampler(data_size, Options{}) {}
+
+  std::size_t size() const override { return num_samples_; }
+  std::vector<std::int64_t> indices(std::uint64_t epoch) override;
+  std::size_t num_replicas() const noexcept { return num_replicas_; }
+  std::size_t rank() const noexcept { return rank_; }
+  /// Indices per rank before padding or dropping, times num_replicas.
+  std::size_t total_size() const noexcept { return num_samples_ * num_replicas_; }
+
+ private:
+  std::size_t data_size_;
+  std::size_t num_replicas_;
+  std::size_t rank_;
+  bool shuffle_;
+  std::uint64_t seed_;
+  bool drop_last_;
+  std::size_t num_samples_;
+};
+
+/// Groups a sampler's indices into batches, as `torch.utils.data.BatchSampler`. Subclass it and
+/// override `size()` and `batches()` for custom batching (buckets by length, say).
+class BatchSampler {
+ public:
+  /// Throws `ConfigError` if `batch_size` is 0 or `sampler` is null.
+  BatchSampler(std::shared_ptr<Sampler> sampler, std::size_t batch_size, bool drop_last);
+  virtual ~BatchSampler() = default;
+
+  /// Number of batches per epoch.
+  virtual std::size_t size() const;
+  /// The batches of epoch `epoch`, in order.
+  virtual std::vector<std::vector<std::int64_t>> batches(std::uint64_t epoch);
+
+  const std::shared_ptr<Sampler>& sampler() const noexcept { return sampler_; }
+  std::size_t batch_size() const noexcept { return batch_size_; }
+  bool drop_last() const noexcept { return drop_last_; }
+
+ protected:
+  BatchSampler() = default;  // for subclasses that batch without an index sampler
+
+ private:
+  std::shared_ptr<Sampler> sampler_;
+  std::size_t batch_size_ = 1;
+  bool drop_last_ = false;
+};
+
+template <class Draw>
+auto EpochGenerator::at_epoch(std::uint64_t epoch, Draw&& draw)
+    -> decltype(draw(std::declval<at::Generator&>())) {
+  at::Generator& generator = rewind_to(epoch);
+  while (next_epoch_ < epoch) {
+    (void)draw(generator);
+    ++next_epoch_;
+  }
+  auto result = draw(generator);
+  ++next_epoch_;
+  return result;
+}
+
+}  // namespace ferry

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# ferry's two set-up commands, for a fresh Debian 12 machine:
+#
+#   ./setup.sh run    install what is missing, build, and run the example training loop
+#   ./setup.sh test   install what is missing, build, and run every test
+#
+# Debian packages are installed only when missing (as root, or through sudo). The build goes to
+# ./build (override with FERRY_BUILD_DIR).
+set -euo pipefail
+
+cd "$(dirname "$0")"
+mode="${1:-}"
+case "$mode" in
+  run | test) ;;
+  *)
+    echo "usage: $0 run|test" >&2
+    exit 2
+    ;;
+esac
+
+build_dir="${FERRY_BUILD_DIR:-build}"
+jobs="$(nproc)"
+packages=(cmake g++ ninja-build libtorch-dev libgtest-dev libgmock-dev)
+
+missing=()
+for pkg in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+  echo "==> installing Debian packages: ${missing[*]}"
+  sudo=()
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null || { echo "error: need root or sudo to install ${missing[*]}" >&2; exit 1; }
+    sudo=(sudo)
+  fi
+  "${sudo[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}"
+fi
+
+echo "==> configuring ($build_dir)"
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
+echo "==> building with $jobs jobs"
+cmake --build "$build_dir" -j "$jobs"
+
+if [ "$mode" = run ]; then
+  echo "==> running the example training loop (examples/train_loop.cpp)"
+  exec "$build_dir/examples/example_train_loop" --epochs 3
+else
+  echo "==> running the tests"
+  exec ctest --test-dir "$build_dir" --output-on-failure -j "$jobs"
+fi

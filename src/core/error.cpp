@@ -1,0 +1,11 @@
+#include "ferry/error.h"
+
+namespace ferry::detail {
+
+void assert_fail(const char* condition, const char* file, int line, const std::string& message) {
+  throw std::logic_error(str("ferry internal error: ", condition, " failed at ", file, ":", line,
+                             message.empty() ? "" : ": ", message,
+                             " (this is a bug in ferry; please report it with this message)"));
+}
+
+}  // namespace ferry::detail

@@ -1,0 +1,285 @@
+#include "ferry/data_loader.h"
+
+#include <ATen/Context.h>
+#include <c10/util/Exception.h>
+
+#include "ferry/error.h"
+
+#include "loader/epoch_iterator.h"
+#include "workers/fetch.h"
+
+namespace ferry {
+
+namespace detail {
+
+// What every epoch of one loader shares. Iterators hold it, so they may outlive the loader.
+struct LoaderState {
+  std::shared_ptr<const Dataset> dataset;
+  std::shared_ptr<const IterableDataset> iterable;
+  DataLoaderOptions options;                    // resolved
+  std::shared_ptr<BatchSampler> batch_sampler;  // map-style datasets only
+  CollateFn collate_fn;
+  std::uint64_t next_epoch = 0;
+  bool pin = false;  // pin_memory requested and possible
+};
+
+}  // namespace detail
+
+namespace {
+
+using detail::LoaderState;
+
+// Pinning and the device copy, applied to each batch before it reaches the training loop.
+Batch finish(Batch batch, const LoaderState& state) {
+  if (state.pin) batch = batch.pin_memory();
+  const auto& device = state.options.device;
+  if (device && !device->is_cpu()) batch = batch.to(*device, /*non_blocking=*/state.pin);
+  return batch;
+}
+
+// num_workers = 0 over a map-style dataset: load each batch in the calling thread.
+class InProcessMapEpoch final : public detail::EpochIterator {
+ public:
+  InProcessMapEpoch(std::shared_ptr<const LoaderState> state, std::uint64_t epoch)
+      : state_(std::move(state)), epoch_(epoch), batches_(state_->batch_sampler->batches(epoch)) {}
+
+  std::optional<Batch> next() override {
+    if (position_ >= batches_.size()) return std::nullopt;
+    const std::size_t sequence = position_++;  // past this batch even if it fails
+    const workers::WorkerIdentity who{0, 1, *state_->options.seed};
+    auto samples = workers::fetch_samples(*state_->dataset, batches_[sequence], epoch_, who);
+    return finish(
+        workers::collate_samples(std::move(samples), state_->collate_fn, epoch_, sequence),
+        *state_);
+  }
+
+ private:
+  std::shared_ptr<const LoaderState> state_;
+  std::uint64_t epoch_;
+  std::vector<std::vector<std::int64_t>> batches_;
+  std::size_t position_ = 0;
+};
+
+// num_workers = 0 over an iterable dataset: one stream, read in the calling thread.
+class InProcessStreamEpoch final : public detail::EpochIterator {
+ public:
+  InProcessStreamEpoch(std::shared_ptr<const LoaderState> state, std::uint64_t epoch)
+      : state_(std::move(state)), epoch_(epoch) {
+    SampleContext ctx = SampleContext::for_stream(*state_->options.seed, epoch_, -1, 0, 1);
+    stream_ = state_->iterable->stream(ctx);
+    FERRY_CHECK(stream_ != nullptr,
+                "IterableDataset::stream() returned null; return a stream "
+                "(one that ends at once for an empty worker)");
+  }
+
+  std::optional<Batch> next() override {
+    const std::size_t batch_size = state_->options.batch_size;
+    std::vector<Example> samples;
+    samples.reserve(batch_size);
+    while (!ended_ && samples.size() < batch_size) {
+      SampleContext ctx = SampleContext::for_stream(*state_->options.seed, epoch_,
+                                                    static_cast<std::int64_t>(position_), 0, 1);
+      std::optional<Example> example = stream_->next(ctx);
+      if (!example) {
+        ended_ = true;
+        break;
+      }
+      example->set_index(static_cast<std::int64_t>(position_++));
+      samples.push_back(std::move(*example));
+    }
+    if (samples.empty() || (samples.size() < batch_size && state_->options.drop_last)) {
+      return std::nullopt;
+    }
+    return finish(
+        workers::collate_samples(std::move(samples), state_->collate_fn, epoch_, sequence_++),
+        *state_);
+  }
+
+ private:
+  std::shared_ptr<const LoaderState> state_;
+  std::uint64_t epoch_;
+  std::unique_ptr<ExampleStream> stream_;
+  std::size_t position_ = 0;
+  std::size_t sequence_ = 0;
+  bool ended_ = false;
+};
+
+// The checks every constructor shares, after resolve(): what PyTorch's DataLoader also refuses,
+// plus what ferry cannot do yet on this machine.
+std::shared_ptr<LoaderState> make_state(DataLoaderOptions options, CollateFn collate_fn) {
+  auto state = std::make_shared<LoaderState>();
+  state->options = resolve(std::move(options));
+  state->collate_fn = std::move(collate_fn);
+  const DataLoaderOptions& o = state->options;
+  if (o.device && o.device->is_cuda()) {
+    FERRY_CHECK(at::hasCUDA(), "device=", o.device->str(),
+                " but this LibTorch has no CUDA support or no GPU is visible; use a CUDA-enabled "
+                "LibTorch on a machine with a GPU, or leave device unset");
+  }
+  if (o.pin_memory) {
+    state->pin = at::hasCUDA();
+    if (!state->pin) {
+      TORCH_WARN_ONCE(
+          "ferry: pin_memory=true but no CUDA device is available; batches are not "
+          "pinned");
+    }
+  }
+  if (o.num_workers > 0) {
+    throw Error(detail::str(
+        "num_workers=", o.num_workers,
+        ": worker processes are not part of this ferry build yet (the multi-process engine is "
+        "issue #3); use num_workers=0 to load in the calling thread"));
+  }
+  return state;
+}
+
+void check_map_options(const DataLoaderOptions& o, bool has_sampler, bool has_batch_sampler) {
+  if (has_batch_sampler) {
+    FERRY_CHECK(o.batch_size == 1 && !o.shuffle && !o.drop_last,
+                "batch_sampler is mutually exclusive with batch_size, shuffle, sampler and "
+                "drop_last (got batch_size=",
+                o.batch_size, ", shuffle=", o.shuffle, ", drop_last=", o.drop_last,
+                "); leave them at their defaults and set them on the BatchSampler instead");
+  }
+  if (has_sampler) {
+    FERRY_CHECK(!o.shuffle,
+                "shuffle=true together with a sampler: the sampler decides the "
+                "order; drop shuffle, or drop the sampler and keep shuffle");
+  }
+}
+
+void check_iterable_options(const DataLoaderOptions& o) {
+  FERRY_CHECK(!o.shuffle,
+              "shuffle=true with an IterableDataset: an iterable dataset decides its "
+              "own order; shuffle inside the dataset's stream and set shuffle=false");
+}
+
+}  // namespace
+
+DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset,
+                       DataLoaderOptions options,
+                       CollateFn collate_fn)
+    : DataLoader(std::move(dataset),
+                 std::move(options),
+                 std::shared_ptr<Sampler>(),
+                 std::move(collate_fn)) {}
+
+DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset,
+                       DataLoaderOptions options,
+                       std::shared_ptr<Sampler> sampler,
+                       CollateFn collate_fn) {
+  FERRY_CHECK(dataset != nullptr, "DataLoader: the dataset is null");
+  check_map_options(options, sampler != nullptr, false);
+  state_ = make_state(std::move(options), std::move(collate_fn));
+  const DataLoaderOptions& o = state_->options;
+  if (!sampler) {
+    if (o.shuffle) {
+      sampler = std::make_shared<RandomSampler>(dataset->size(), *o.seed);
+    } else {
+      sampler = std::make_shared<SequentialSampler>(dataset->size());
+    }
+  }
+  state_->batch_sampler =
+      std::make_shared<BatchSampler>(std::move(sampler), o.batch_size, o.drop_last);
+  state_->dataset = std::move(dataset);
+}
+
+DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset,
+                       DataLoaderOptions options,
+                       std::shared_ptr<BatchSampler> batch_sampler,
+                       CollateFn collate_fn) {
+  FERRY_CHECK(dataset != nullptr, "DataLoader: the dataset is null");
+  FERRY_CHECK(batch_sampler != nullptr, "DataLoader: the batch_sampler is null");
+  check_map_options(options, false, true);
+  state_ = make_state(std::move(options), std::move(collate_fn));
+  state_->batch_sampler = std::move(batch_sampler);
+  state_->dataset = std::move(dataset);
+}
+
+DataLoader::DataLoader(std::shared_ptr<const IterableDataset> dataset,
+                       DataLoaderOptions options,
+                       CollateFn collate_fn) {
+  FERRY_CHECK(dataset != nullptr, "DataLoader: the dataset is null");
+  check_iterable_options(options);
+  state_ = make_state(std::move(options), std::move(collate_fn));
+  state_->iterable = std::move(dataset);
+}
+
+DataLoader::DataLoader(std::shared_ptr<const IterableDataset> /*dataset*/,
+                       DataLoaderOptions /*options*/,
+                       std::shared_ptr<Sampler> /*sampler*/,
+                       CollateFn /*collate_fn*/) {
+  throw ConfigError(
+      "sampler given with an IterableDataset: an iterable dataset has no indices to sample; drop "
+      "the sampler, or use a map-style Dataset");
+}
+
+DataLoader::DataLoader(std::shared_ptr<const IterableDataset> /*dataset*/,
+                       DataLoaderOptions /*options*/,
+                       std::shared_ptr<BatchSampler> /*sampler*/,
+                       CollateFn /*collate_fn*/) {
+  throw ConfigError(
+      "batch_sampler given with an IterableDataset: an iterable dataset has no indices to "
+      "batch; drop the batch_sampler and set batch_size, or use a map-style Dataset");
+}
+
+DataLoader::DataLoader(DataLoader&&) noexcept = default;
+DataLoader& DataLoader::operator=(DataLoader&&) noexcept = default;
+DataLoader::~DataLoader() = default;
+
+DataLoader::Iterator DataLoader::begin() {
+  FERRY_CHECK(state_ != nullptr, "DataLoader: use of a moved-from loader");
+  const std::uint64_t epoch = state_->next_epoch++;
+  std::shared_ptr<detail::EpochIterator> impl;
+  if (state_->dataset) {
+    impl = std::make_shared<InProcessMapEpoch>(state_, epoch);
+  } else {
+    impl = std::make_shared<InProcessStreamEpoch>(state_, epoch);
+  }
+  Iterator it(std::move(impl));
+  ++it;
+  return it;
+}
+
+std::size_t DataLoader::size() const {
+  if (state_->batch_sampler) return state_->batch_sampler->size();
+  const std::optional<std::size_t> n = state_->iterable->size_hint();
+  if (!n) {
+    throw Error(
+        "DataLoader::size(): the IterableDataset does not know its size; override "
+        "IterableDataset::size_hint(), or count batches while iterating");
+  }
+  const std::size_t b = state_->options.batch_size;
+  return state_->options.drop_last ? *n / b : (*n + b - 1) / b;
+}
+
+void DataLoader::set_epoch(std::uint64_t epoch) noexcept { state_->next_epoch = epoch; }
+std::uint64_t DataLoader::epoch() const noexcept { return state_->next_epoch; }
+const DataLoaderOptions& DataLoader::options() const noexcept { return state_->options; }
+
+DataLoader::Iterator::Iterator(std::shared_ptr<detail::EpochIterator> epoch)
+    : epoch_(std::move(epoch)) {}
+
+Batch& DataLoader::Iterator::operator*() const {
+  FERRY_CHECK(!at_end(), "DataLoader::Iterator: dereferenced at the end of the epoch");
+  if (epoch_->error) std::rethrow_exception(epoch_->error);
+  return *epoch_->current;
+}
+
+DataLoader::Iterator& DataLoader::Iterator::operator++() {
+  FERRY_CHECK(epoch_ != nullptr, "DataLoader::Iterator: advanced a default-constructed iterator");
+  epoch_->current.reset();
+  epoch_->error = nullptr;
+  try {
+    epoch_->current = epoch_->next();
+  } catch (...) {
+    epoch_->error = std::current_exception();
+  }
+  return *this;
+}
+
+bool DataLoader::Iterator::at_end() const noexcept {
+  return !epoch_ || (!epoch_->current && !epoch_->error);
+}
+
+}  // namespace ferry

@@ -1,0 +1,41 @@
+#include "ferry/data_loader_options.h"
+
+#include <random>
+
+#include "ferry/error.h"
+
+namespace ferry {
+
+std::string_view to_string(StartMethod method) noexcept {
+  switch (method) {
+    case StartMethod::kFork:
+      return "fork";
+    case StartMethod::kSpawn:
+      return "spawn";
+    case StartMethod::kForkserver:
+      return "forkserver";
+  }
+  return "unknown";
+}
+
+DataLoaderOptions resolve(DataLoaderOptions o) {
+  FERRY_CHECK(o.batch_size > 0, "batch_size=0 is invalid; use a positive batch_size");
+  FERRY_CHECK(o.timeout.count() >= 0, "timeout=", o.timeout.count(),
+              " ms is negative; use 0 to wait forever or a positive duration");
+  FERRY_CHECK(!(o.num_workers == 0 && o.prefetch_factor), "prefetch_factor=", *o.prefetch_factor,
+              " has no effect with num_workers=0; set num_workers > 0 or leave it unset");
+  FERRY_CHECK(!(o.num_workers == 0 && o.persistent_workers),
+              "persistent_workers=true needs worker processes; set num_workers > 0 or "
+              "persistent_workers=false");
+  FERRY_CHECK(!o.prefetch_factor || *o.prefetch_factor > 0,
+              "prefetch_factor=0 is invalid; use a positive prefetch_factor (default 2)");
+  if (o.num_workers > 0 && !o.prefetch_factor) o.prefetch_factor = kDefaultPrefetchFactor;
+  if (!o.seed) {
+    // As PyTorch without a generator: a fresh seed per loader, fixed for its lifetime.
+    std::random_device device;
+    o.seed = (static_cast<std::uint64_t>(device()) << 32) ^ device();
+  }
+  return o;
+}
+
+}  // namespace ferry

@@ -1,0 +1,73 @@
+#pragma once
+
+// Small datasets the loader tests share.
+
+#include <stdexcept>
+
+#include "ferry/dataset.h"
+
+namespace ferry::testing {
+
+// Sample i: {"x": a [2] float tensor {i, i + 0.5}, "index": i, "noise": a draw from the
+// sample's generator}. The noise makes seeding visible.
+class RangeDataset : public Dataset {
+ public:
+  explicit RangeDataset(std::size_t n) : n_(n) {}
+  std::size_t size() const override { return n_; }
+  Example get(std::size_t index, SampleContext& ctx) const override {
+    const auto i = static_cast<float>(index);
+    return Example{{"x", torch::tensor({i, i + 0.5f})},
+                   {"index", static_cast<std::int64_t>(index)},
+                   {"noise", torch::rand({3}, ctx.generator())}};
+  }
+
+ private:
+  std::size_t n_;
+};
+
+// Throws for every index in [bad_from, bad_to).
+class FailingDataset : public RangeDataset {
+ public:
+  FailingDataset(std::size_t n, std::size_t bad_from, std::size_t bad_to)
+      : RangeDataset(n), bad_from_(bad_from), bad_to_(bad_to) {}
+  Example get(std::size_t index, SampleContext& ctx) const override {
+    if (index >= bad_from_ && index < bad_to_) {
+      throw std::runtime_error("cannot load sample " + std::to_string(index));
+    }
+    return RangeDataset::get(index, ctx);
+  }
+
+ private:
+  std::size_t bad_from_, bad_to_;
+};
+
+// Counts 0..n-1 in each worker's stream; split between workers by worker_id.
+class CountingStream : public IterableDataset {
+ public:
+  explicit CountingStream(std::size_t n, bool known_size = true) : n_(n), known_size_(known_size) {}
+  std::unique_ptr<ExampleStream> stream(SampleContext& ctx) const override {
+    struct Stream : ExampleStream {
+      std::size_t next_value, step, end;
+      std::optional<Example> next(SampleContext& ctx) override {
+        if (next_value >= end) return std::nullopt;
+        const auto v = static_cast<std::int64_t>(next_value);
+        next_value += step;
+        return Example{{"value", v}, {"noise", ctx.uniform()}};
+      }
+    };
+    auto s = std::make_unique<Stream>();
+    s->next_value = ctx.worker_id();
+    s->step = ctx.num_workers();
+    s->end = n_;
+    return s;
+  }
+  std::optional<std::size_t> size_hint() const override {
+    return known_size_ ? std::optional<std::size_t>(n_) : std::nullopt;
+  }
+
+ private:
+  std::size_t n_;
+  bool known_size_;
+};
+
+}  // namespace ferry::testing
