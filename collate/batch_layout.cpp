@@ -158,6 +158,47 @@ void write_batch(const std::vector<Example>& samples, const BatchLayout& layout,
   }
 }
 
+BatchLayout plan_batch(const Batch& batch) {
+  BatchLayout layout;
+  layout.num_samples = batch.size();
+  std::size_t offset = 0;
+  for (const std::string& name : batch) {
+    FieldLayout f;
+    f.name = name;
+    if (batch.is_tensor(name)) {
+      const at::Tensor& t = batch[name];
+      if (!t.defined()) {
+        throw CollateError(
+            detail::str("collate_fn returned an undefined tensor for field '", name, "'"));
+      }
+      f.kind = FieldKind::kTensor;
+      f.dtype = t.scalar_type();
+      f.sizes.assign(t.sizes().begin(), t.sizes().end());
+      f.nbytes = static_cast<std::size_t>(t.numel()) * t.element_size();
+      offset = align_up(offset);
+      f.offset = offset;
+      offset += f.nbytes;
+    } else {
+      f.kind = FieldKind::kString;
+    }
+    layout.fields.push_back(std::move(f));
+  }
+  layout.total_bytes = align_up(offset);
+  return layout;
+}
+
+void write_batch(const Batch& batch, const BatchLayout& layout, std::byte* base) {
+  for (const FieldLayout& f : layout.fields) {
+    if (f.kind != FieldKind::kTensor) continue;
+    const at::Tensor& t = batch[f.name];
+    if (t.device().is_cpu() && t.is_contiguous()) {
+      if (f.nbytes > 0) std::memcpy(base + f.offset, t.data_ptr(), f.nbytes);
+    } else {
+      at::from_blob(base + f.offset, t.sizes(), at::TensorOptions().dtype(f.dtype)).copy_(t);
+    }
+  }
+}
+
 Batch view_batch(const BatchLayout& layout,
                  std::byte* base,
                  const std::shared_ptr<void>& owner,

@@ -43,6 +43,11 @@ BatchLayout plan_batch(const std::vector<Example>& samples);
 // Writes every sample's numeric fields into `base` (layout.total_bytes bytes) exactly once.
 void write_batch(const std::vector<Example>& samples, const BatchLayout& layout, std::byte* base);
 
+// The same for a batch a user collate_fn built: its tensors are laid out contiguously in one
+// block, its string fields carried along. Throws ferry::CollateError for an undefined tensor.
+BatchLayout plan_batch(const Batch& batch);
+void write_batch(const Batch& batch, const BatchLayout& layout, std::byte* base);
+
 // A Batch whose tensors view `base`; each keeps `owner` alive, so the memory lives as long as
 // the last tensor that points into it. String fields are taken from `samples`.
 Batch view_batch(const BatchLayout& layout,

@@ -1,9 +1,11 @@
 #pragma once
 
+#include <cstdint>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace ferry {
 
@@ -28,6 +30,68 @@ class CollateError : public Error {
 
 /// A sample that cannot be loaded (a missing or corrupt file, a bad index).
 class DataError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// Shared memory for a batch cannot be reserved (a full /dev/shm or memory limit). Raised
+/// before anything is written, never as a SIGBUS.
+class SharedMemoryError : public Error {
+ public:
+  using Error::Error;
+};
+
+/// What the training loop learns about a failure inside a worker process.
+struct WorkerFailure {
+  std::size_t worker_id = 0;
+  int pid = 0;
+  std::uint64_t epoch = 0;
+  std::int64_t batch = -1;            ///< the batch's position in the epoch; -1 if none
+  std::int64_t index = -1;            ///< the dataset index that failed; -1 if not one sample
+  std::string type_name;              ///< the C++ type of the original exception
+  std::string message;                ///< the original what()
+  std::vector<std::int64_t> indices;  ///< the indices of the batch(es) the worker held
+};
+
+/// An exception raised inside a worker (by the dataset, collate, or worker_init_fn), raised
+/// again in the training loop with its original message and type name. Iteration can go on
+/// after an error of one batch, as in PyTorch.
+class WorkerError : public Error {
+ public:
+  WorkerError(const std::string& what, WorkerFailure failure)
+      : Error(what), failure_(std::move(failure)) {}
+  const WorkerFailure& failure() const noexcept { return failure_; }
+
+ private:
+  WorkerFailure failure_;
+};
+
+/// A worker process died (a signal, or an exit the loader did not ask for). The epoch ends.
+class WorkerDiedError : public WorkerError {
+ public:
+  WorkerDiedError(const std::string& what, WorkerFailure failure, int exit_code, int signal)
+      : WorkerError(what, std::move(failure)), exit_code_(exit_code), signal_(signal) {}
+  int exit_code() const noexcept { return exit_code_; }  ///< -1 if killed by a signal
+  int signal() const noexcept { return signal_; }        ///< 0 if it exited
+
+ private:
+  int exit_code_;
+  int signal_;
+};
+
+/// No batch arrived within `timeout`. The worker that held it has been killed; the epoch ends.
+class TimeoutError : public Error {
+ public:
+  TimeoutError(const std::string& what, WorkerFailure failure)
+      : Error(what), failure_(std::move(failure)) {}
+  const WorkerFailure& failure() const noexcept { return failure_; }
+
+ private:
+  WorkerFailure failure_;
+};
+
+/// The DataLoader was destroyed (or closed) while an iterator of it was still in use.
+class LoaderClosed : public Error {
  public:
   using Error::Error;
 };

@@ -6,35 +6,34 @@
 #include "ferry/error.h"
 
 #include "loader/epoch_iterator.h"
+#include "loader/loader_state.h"
+#include "loader/multi_process_epoch.h"
 #include "workers/fetch.h"
 
 namespace ferry {
 
 namespace detail {
 
-// What every epoch of one loader shares. Iterators hold it, so they may outlive the loader.
-struct LoaderState {
-  std::shared_ptr<const Dataset> dataset;
-  std::shared_ptr<const IterableDataset> iterable;
-  DataLoaderOptions options;                    // resolved
-  std::shared_ptr<BatchSampler> batch_sampler;  // map-style datasets only
-  CollateFn collate_fn;
-  std::uint64_t next_epoch = 0;
-  bool pin = false;  // pin_memory requested and possible
-};
+Batch finish_batch(Batch batch, const LoaderState& state) {
+  if (state.pin) batch = batch.pin_memory();
+  const auto& device = state.options.device;
+  if (device && !device->is_cpu()) batch = batch.to(*device, /*non_blocking=*/state.pin);
+  return batch;
+}
 
 }  // namespace detail
 
 namespace {
 
+using detail::finish_batch;
 using detail::LoaderState;
 
-// Pinning and the device copy, applied to each batch before it reaches the training loop.
-Batch finish(Batch batch, const LoaderState& state) {
-  if (state.pin) batch = batch.pin_memory();
-  const auto& device = state.options.device;
-  if (device && !device->is_cpu()) batch = batch.to(*device, /*non_blocking=*/state.pin);
-  return batch;
+void check_open(const LoaderState& state) {
+  if (state.closed) {
+    throw LoaderClosed(
+        "DataLoader: the loader was destroyed while this iterator was in use; keep "
+        "the loader alive for as long as you iterate it");
+  }
 }
 
 // num_workers = 0 over a map-style dataset: load each batch in the calling thread.
@@ -44,11 +43,12 @@ class InProcessMapEpoch final : public detail::EpochIterator {
       : state_(std::move(state)), epoch_(epoch), batches_(state_->batch_sampler->batches(epoch)) {}
 
   std::optional<Batch> next() override {
+    check_open(*state_);
     if (position_ >= batches_.size()) return std::nullopt;
     const std::size_t sequence = position_++;  // past this batch even if it fails
     const workers::WorkerIdentity who{0, 1, *state_->options.seed};
     auto samples = workers::fetch_samples(*state_->dataset, batches_[sequence], epoch_, who);
-    return finish(
+    return finish_batch(
         workers::collate_samples(std::move(samples), state_->collate_fn, epoch_, sequence),
         *state_);
   }
@@ -73,6 +73,7 @@ class InProcessStreamEpoch final : public detail::EpochIterator {
   }
 
   std::optional<Batch> next() override {
+    check_open(*state_);
     const std::size_t batch_size = state_->options.batch_size;
     std::vector<Example> samples;
     samples.reserve(batch_size);
@@ -90,7 +91,7 @@ class InProcessStreamEpoch final : public detail::EpochIterator {
     if (samples.empty() || (samples.size() < batch_size && state_->options.drop_last)) {
       return std::nullopt;
     }
-    return finish(
+    return finish_batch(
         workers::collate_samples(std::move(samples), state_->collate_fn, epoch_, sequence_++),
         *state_);
   }
@@ -124,12 +125,9 @@ std::shared_ptr<LoaderState> make_state(DataLoaderOptions options, CollateFn col
           "pinned");
     }
   }
-  if (o.num_workers > 0) {
-    throw Error(detail::str(
-        "num_workers=", o.num_workers,
-        ": worker processes are not part of this ferry build yet (the multi-process engine is "
-        "issue #3); use num_workers=0 to load in the calling thread"));
-  }
+  FERRY_CHECK(o.num_workers == 0 || o.start_method == StartMethod::kFork,
+              "start_method=", to_string(o.start_method),
+              " is not available in this build yet; use start_method=fork (the default)");
   return state;
 }
 
@@ -224,14 +222,24 @@ DataLoader::DataLoader(std::shared_ptr<const IterableDataset> /*dataset*/,
 }
 
 DataLoader::DataLoader(DataLoader&&) noexcept = default;
-DataLoader& DataLoader::operator=(DataLoader&&) noexcept = default;
-DataLoader::~DataLoader() = default;
+DataLoader& DataLoader::operator=(DataLoader&& other) noexcept {
+  if (this != &other) {
+    if (state_) state_->close();
+    state_ = std::move(other.state_);
+  }
+  return *this;
+}
+DataLoader::~DataLoader() {
+  if (state_) state_->close();
+}
 
 DataLoader::Iterator DataLoader::begin() {
   FERRY_CHECK(state_ != nullptr, "DataLoader: use of a moved-from loader");
   const std::uint64_t epoch = state_->next_epoch++;
   std::shared_ptr<detail::EpochIterator> impl;
-  if (state_->dataset) {
+  if (state_->options.num_workers > 0) {
+    impl = std::make_shared<detail::MultiProcessEpoch>(state_, epoch);
+  } else if (state_->dataset) {
     impl = std::make_shared<InProcessMapEpoch>(state_, epoch);
   } else {
     impl = std::make_shared<InProcessStreamEpoch>(state_, epoch);

@@ -105,11 +105,6 @@ TEST(DataLoaderOptions, RejectsACudaDeviceWithoutCuda) {
               ThrowsMessage<ConfigError>(HasSubstr("device=cuda")));
 }
 
-TEST(DataLoaderOptions, WorkerProcessesAreRefusedClearlyUntilTheEngineLands) {
-  EXPECT_THAT([] { DataLoader(dataset(), {.num_workers = 2}); },
-              ThrowsMessage<Error>(HasSubstr("use num_workers=0")));
-}
-
 TEST(DataLoaderOptions, NullObjectsAreRefused) {
   EXPECT_THAT([] { DataLoader(std::shared_ptr<const Dataset>(), {}); },
               ThrowsMessage<ConfigError>(HasSubstr("dataset is null")));

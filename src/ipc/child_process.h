@@ -1,0 +1,58 @@
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <optional>
+#include <string>
+
+#include "ipc/unique_fd.h"
+
+namespace ferry::ipc {
+
+/// How a child process ended.
+struct ExitStatus {
+  int exit_code = -1;  ///< -1 if a signal ended it
+  int signal = 0;      ///< 0 if it exited
+  bool core_dumped = false;
+  /// "exited with code 3", "was killed by signal SIGSEGV (Segmentation fault)".
+  std::string describe() const;
+};
+
+/// "SIGKILL" for 9.
+std::string signal_name(int signal);
+
+/// Owns a child process: its pid, a pidfd where the kernel has one (readable once the child
+/// exits, so a death is an event, not a poll), and the duty to reap it. The destructor kills a
+/// child still running (SIGKILL) and always reaps, so no zombie outlives its owner. Move-only.
+class ChildProcess {
+ public:
+  ChildProcess() = default;
+  explicit ChildProcess(pid_t pid);
+  ChildProcess(ChildProcess&& other) noexcept;
+  ChildProcess& operator=(ChildProcess&& other) noexcept;
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+  ~ChildProcess() { terminate(std::chrono::milliseconds(0)); }
+
+  pid_t pid() const noexcept { return pid_; }
+  /// -1 where pidfd_open is missing; then death shows as a hang-up of the child's channel.
+  int pidfd() const noexcept { return pidfd_.get(); }
+  bool reaped() const noexcept { return status_.has_value(); }
+
+  /// Reaps the child if it has exited; its status, or nullopt while it runs.
+  std::optional<ExitStatus> try_wait() noexcept;
+  /// Waits up to `grace` for the child to exit on its own, then SIGKILLs it; always reaps.
+  /// Returns how it ended. noexcept: failures are logged.
+  ExitStatus terminate(std::chrono::milliseconds grace) noexcept;
+  void kill(int signal) noexcept;
+  /// The status of a reaped child.
+  const std::optional<ExitStatus>& status() const noexcept { return status_; }
+
+ private:
+  pid_t pid_ = -1;
+  UniqueFd pidfd_;
+  std::optional<ExitStatus> status_;
+};
+
+}  // namespace ferry::ipc

@@ -1,0 +1,78 @@
+#pragma once
+
+// The messages between the loader (main process) and its workers. Fixed binary layout: a header
+// (magic, version, type) and little-endian fields; strings and arrays carry their length; every
+// read is length-checked and a malformed message is a ferry::Error naming what was cut short.
+// The protocol knows nothing of tensors: a field is a name, a dtype code, sizes and an offset.
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace ferry::ipc {
+
+inline constexpr std::uint16_t kProtocolVersion = 1;
+
+// ---- index channel: main to worker ----
+struct TaskMessage {  // load batch `sequence` of `epoch` (map-style: these indices)
+  std::uint64_t epoch = 0;
+  std::uint64_t sequence = 0;
+  std::vector<std::int64_t> indices;  // empty for an iterable dataset: "your next batch"
+};
+struct RecycleMessage {  // the training loop let go of this segment: reuse it
+  std::uint64_t segment_id = 0;
+};
+struct NewEpochMessage {  // persistent workers: epoch `epoch` starts (iterable: new streams)
+  std::uint64_t epoch = 0;
+};
+struct StopMessage {};
+using IndexMessage = std::variant<TaskMessage, RecycleMessage, NewEpochMessage, StopMessage>;
+
+// ---- data channel: worker to main ----
+struct FieldMeta {
+  std::string name;
+  std::uint8_t kind = 0;   // collate::FieldKind
+  std::int8_t dtype = -1;  // c10::ScalarType code; -1 for strings
+  std::vector<std::int64_t> sizes;
+  std::uint64_t offset = 0;
+  std::uint64_t nbytes = 0;
+  std::vector<std::string> strings;  // string fields only
+};
+struct BatchReadyMessage {  // batch `sequence` is in segment `segment_id` (its fd attached once)
+  std::uint64_t epoch = 0;
+  std::uint64_t sequence = 0;
+  std::uint64_t segment_id = 0;
+  std::uint64_t segment_size = 0;
+  std::uint32_t num_samples = 0;
+  std::vector<FieldMeta> fields;
+  std::vector<std::int64_t> indices;
+  std::vector<std::uint64_t> retired_segments;  // segments the worker has freed for good
+};
+struct SampleErrorMessage {  // batch `sequence` failed; the worker goes on
+  std::uint64_t epoch = 0;
+  std::uint64_t sequence = 0;
+  std::int64_t index = -1;  // the sample that failed; -1 for the batch as a whole
+  std::string type_name;
+  std::string message;
+};
+struct WorkerErrorMessage {  // the worker cannot go on (worker_init_fn, stream creation failed)
+  std::uint64_t epoch = 0;
+  std::string type_name;
+  std::string message;
+};
+struct StreamEndMessage {  // iterable datasets: this worker's stream has ended
+  std::uint64_t epoch = 0;
+  std::uint64_t sequence = 0;
+};
+using DataMessage =
+    std::variant<BatchReadyMessage, SampleErrorMessage, WorkerErrorMessage, StreamEndMessage>;
+
+std::vector<std::byte> encode(const IndexMessage& message);
+std::vector<std::byte> encode(const DataMessage& message);
+IndexMessage decode_index(std::span<const std::byte> bytes);
+DataMessage decode_data(std::span<const std::byte> bytes);
+
+}  // namespace ferry::ipc

@@ -1,0 +1,51 @@
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "ferry/collate.h"
+#include "ferry/data_loader_options.h"
+#include "ferry/dataset.h"
+#include "ferry/sampler.h"
+
+#include "ipc/unique_fd.h"
+
+namespace ferry::detail {
+
+class WorkerPool;
+
+// What every epoch of one loader shares. Iterators hold it, so they may outlive the loader; the
+// loader's destructor closes it, which stops every worker and ends every iterator.
+struct LoaderState {
+  LoaderState();
+  ~LoaderState();
+
+  std::shared_ptr<const Dataset> dataset;
+  std::shared_ptr<const IterableDataset> iterable;
+  DataLoaderOptions options;                    // resolved
+  std::shared_ptr<BatchSampler> batch_sampler;  // map-style datasets only
+  CollateFn collate_fn;
+  std::uint64_t next_epoch = 0;
+  bool pin = false;  // pin_memory requested and possible
+
+  // Worker processes. `use_mutex` is held by an iterator while it works, so close() (from any
+  // thread) waits for it to leave; `wake` (an eventfd) interrupts its wait.
+  std::mutex use_mutex;
+  std::atomic<bool> closed{false};
+  ipc::UniqueFd wake;
+  std::shared_ptr<WorkerPool> persistent_pool;
+  std::vector<std::weak_ptr<WorkerPool>> pools;  // every pool started, to stop them on close
+  std::uint64_t next_token = 1;                  // identifies the epoch that owns a pool
+
+  // Stops every worker of this loader; iterators then throw LoaderClosed. Idempotent, noexcept,
+  // bounded by the shutdown grace.
+  void close() noexcept;
+};
+
+// Pinning and the device copy, applied to each batch before it reaches the training loop.
+Batch finish_batch(Batch batch, const LoaderState& state);
+
+}  // namespace ferry::detail

@@ -1,0 +1,452 @@
+#include "loader/multi_process_epoch.h"
+
+#include <poll.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <system_error>
+
+#include "ferry/error.h"
+
+#include "ipc/protocol.h"
+
+namespace ferry::detail {
+
+namespace {
+
+// Holds a segment's mapping for as long as any tensor of its batch lives; then sends the segment
+// back to its worker (through the pool's recycle queue, if the pool still exists).
+struct SegmentLease {
+  std::shared_ptr<ipc::MappedRegion> mapping;
+  std::weak_ptr<RecycleQueue> queue;
+  std::size_t worker = 0;
+  std::uint64_t segment_id = 0;
+  ~SegmentLease() {
+    if (auto q = queue.lock()) {
+      std::lock_guard<std::mutex> lock(q->mutex);
+      q->items.emplace_back(worker, segment_id);
+    }
+  }
+};
+
+std::string list_indices(const std::vector<std::int64_t>& indices, std::size_t limit = 16) {
+  std::string out;
+  for (std::size_t i = 0; i < indices.size() && i < limit; ++i) {
+    if (i > 0) out += ", ";
+    out += std::to_string(indices[i]);
+  }
+  if (indices.size() > limit) out += ", ... (" + std::to_string(indices.size()) + " in all)";
+  return out;
+}
+
+}  // namespace
+
+MultiProcessEpoch::MultiProcessEpoch(std::shared_ptr<LoaderState> state, std::uint64_t epoch)
+    : state_(std::move(state)), epoch_(epoch), iterable_(state_->dataset == nullptr) {
+  std::lock_guard<std::mutex> lock(state_->use_mutex);
+  if (state_->closed) throw LoaderClosed("DataLoader: the loader was closed");
+  token_ = state_->next_token++;
+  if (!iterable_) batches_ = state_->batch_sampler->batches(epoch_);
+  std::erase_if(state_->pools, [](const auto& weak) { return weak.expired(); });
+  if (state_->options.persistent_workers) {
+    pool_ = state_->persistent_pool;
+    if (!pool_ || pool_->broken || pool_->stopped()) {
+      pool_ = std::make_shared<WorkerPool>(*state_);
+      state_->persistent_pool = pool_;
+      state_->pools.push_back(pool_);
+    }
+    // The epoch handshake: tasks carry their epoch, and anything still in flight from an
+    // earlier epoch is recycled on arrival, never delivered.
+    const auto bytes = ipc::encode(ipc::IndexMessage(ipc::NewEpochMessage{epoch_}));
+    for (auto& w : pool_->workers) {
+      if (!w.dead && w.index.send(bytes) != ipc::Channel::SendResult::kSent) worker_died(w);
+    }
+  } else {
+    pool_ = std::make_shared<WorkerPool>(*state_);
+    state_->pools.push_back(pool_);
+  }
+  for (auto& w : pool_->workers) {
+    w.exhausted = false;
+    w.undelivered = 0;
+  }
+  pool_->owner_token = token_;
+  dispatch();  // prefetching starts now, as PyTorch's iterator does
+}
+
+MultiProcessEpoch::~MultiProcessEpoch() {
+  std::lock_guard<std::mutex> lock(state_->use_mutex);
+  ready_.clear();
+  arrived_.clear();
+  if (!state_->options.persistent_workers || pool_->broken) pool_->shutdown();
+}
+
+std::optional<Batch> MultiProcessEpoch::next() {
+  std::unique_lock<std::mutex> lock(state_->use_mutex);
+  return next_locked();
+}
+
+std::optional<Batch> MultiProcessEpoch::next_locked() {
+  if (state_->closed) {
+    throw LoaderClosed(
+        "DataLoader: the loader was destroyed or closed while this iterator was in "
+        "use; keep the loader alive for as long as you iterate it");
+  }
+  if (failed_ || pool_->owner_token != token_) return std::nullopt;  // failed, or superseded
+  const auto timeout = state_->options.timeout;
+  std::optional<ipc::Clock::time_point> deadline;
+  if (timeout.count() > 0) deadline = ipc::Clock::now() + timeout;
+  for (;;) {
+    pool_->flush_recycles();
+    if (std::optional<Result> r = pop_result()) {
+      if (r->stream_end) continue;
+      if (r->error) std::rethrow_exception(r->error);
+      return finish_batch(std::move(*r->batch), *state_);
+    }
+    if (finished()) return std::nullopt;
+    dispatch();
+    wait_and_receive(deadline);
+  }
+}
+
+std::optional<MultiProcessEpoch::Result> MultiProcessEpoch::pop_result() {
+  std::optional<Result> r;
+  if (state_->options.in_order) {
+    auto it = ready_.find(next_delivery_);
+    if (it == ready_.end()) return std::nullopt;
+    r = std::move(it->second);
+    ready_.erase(it);
+  } else {
+    if (arrived_.empty()) return std::nullopt;
+    r = std::move(arrived_.front());
+    arrived_.pop_front();
+  }
+  ++next_delivery_;
+  WorkerSlot& w = pool_->workers[r->worker];
+  --w.undelivered;  // a task counts against prefetch until it is delivered, as in PyTorch
+  if (r->stream_end) w.exhausted = true;
+  return r;
+}
+
+bool MultiProcessEpoch::finished() const {
+  if (!iterable_) return next_delivery_ >= batches_.size();
+  for (const auto& w : pool_->workers) {
+    if (!w.exhausted || w.undelivered > 0) return false;
+  }
+  return true;
+}
+
+void MultiProcessEpoch::dispatch() {
+  if (iterable_) {
+    dispatch_iterable();
+  } else {
+    dispatch_map();
+  }
+}
+
+void MultiProcessEpoch::dispatch_map() {
+  const std::size_t cap = *state_->options.prefetch_factor;
+  auto& workers = pool_->workers;
+  while (next_task_ < batches_.size()) {
+    WorkerSlot* best = nullptr;
+    for (std::size_t k = 0; k < workers.size(); ++k) {
+      WorkerSlot& w = workers[(round_robin_ + k) % workers.size()];
+      // A task counts until the training loop receives its batch, so a straggler cannot let the
+      // others fill the reorder buffer without bound.
+      if (w.dead || w.undelivered >= cap || w.in_flight.size() >= cap) continue;
+      if (best == nullptr || w.undelivered < best->undelivered) best = &w;
+    }
+    if (best == nullptr) return;
+    round_robin_ = best->id + 1;
+    ++best->undelivered;
+    const auto sequence = next_task_++;
+    send_task(*best, sequence, batches_[sequence]);
+  }
+}
+
+void MultiProcessEpoch::dispatch_iterable() {
+  // Strict round robin over the workers whose stream has not ended, so which worker produces
+  // batch k depends only on what has been delivered, never on timing: the output is the same
+  // from run to run.
+  const std::size_t cap = *state_->options.prefetch_factor;
+  auto& workers = pool_->workers;
+  for (;;) {
+    WorkerSlot* w = nullptr;
+    for (std::size_t k = 0; k < workers.size(); ++k) {
+      WorkerSlot& candidate = workers[(round_robin_ + k) % workers.size()];
+      if (!candidate.exhausted) {
+        w = &candidate;
+        break;
+      }
+    }
+    if (w == nullptr || w->undelivered >= cap) return;
+    round_robin_ = w->id + 1;
+    ++w->undelivered;
+    send_task(*w, next_task_++, {});
+  }
+}
+
+bool MultiProcessEpoch::send_task(WorkerSlot& w,
+                                  std::uint64_t sequence,
+                                  std::vector<std::int64_t> indices) {
+  const auto bytes = ipc::encode(ipc::IndexMessage(ipc::TaskMessage{epoch_, sequence, indices}));
+  w.in_flight.push_back(TaskRecord{epoch_, sequence, std::move(indices)});
+  std::optional<ipc::Clock::time_point> deadline;
+  if (state_->options.timeout.count() > 0) deadline = ipc::Clock::now() + state_->options.timeout;
+  switch (w.index.send(bytes, {}, deadline)) {
+    case ipc::Channel::SendResult::kSent:
+      return true;
+    case ipc::Channel::SendResult::kPeerGone:
+      worker_died(w);
+    case ipc::Channel::SendResult::kTimedOut:
+      timed_out(state_->options.timeout);
+  }
+  return false;
+}
+
+void MultiProcessEpoch::wait_and_receive(std::optional<ipc::Clock::time_point> deadline) {
+  auto& workers = pool_->workers;
+  std::vector<pollfd> fds;
+  fds.reserve(1 + 2 * workers.size());
+  fds.push_back({state_->wake.get(), POLLIN, 0});
+  for (const auto& w : workers) {
+    fds.push_back({w.dead ? -1 : w.data.fd(), POLLIN, 0});
+    fds.push_back({w.dead ? -1 : w.process.pidfd(), POLLIN, 0});
+  }
+  int timeout_ms = -1;
+  const auto started = ipc::Clock::now();
+  if (deadline) {
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(*deadline - started);
+    timeout_ms = static_cast<int>(std::max<long long>(0, left.count()));
+  }
+  const int n = ::poll(fds.data(), fds.size(), timeout_ms);
+  if (n < 0) {
+    if (errno == EINTR) return;
+    throw std::system_error(errno, std::generic_category(), "poll on the DataLoader's workers");
+  }
+  if (n == 0) {
+    timed_out(state_->options.timeout);
+  }
+  if (fds[0].revents != 0 && state_->closed) {
+    throw LoaderClosed("DataLoader: the loader was closed while next() waited for a batch");
+  }
+  for (std::size_t i = 0; i < workers.size(); ++i) {
+    WorkerSlot& w = workers[i];
+    const short data = fds[1 + 2 * i].revents;
+    const short death = fds[2 + 2 * i].revents;
+    if (data & POLLIN) receive_from(w);
+    if ((death & POLLIN) || (data & (POLLHUP | POLLERR))) {
+      // Deliver what it sent before it died, then report the death.
+      while (w.data.readable_now()) {
+        if (!w.data.valid()) break;
+        receive_from(w);
+      }
+      worker_died(w);
+    }
+  }
+}
+
+void MultiProcessEpoch::receive_from(WorkerSlot& w) {
+  std::vector<std::byte> bytes;
+  std::vector<ipc::UniqueFd> fds;
+  bool got = false;
+  try {
+    got = w.data.receive(bytes, fds);
+  } catch (...) {
+    fail(std::current_exception());
+  }
+  if (!got) worker_died(w);
+  handle_message(w, bytes, fds);
+}
+
+void MultiProcessEpoch::handle_message(WorkerSlot& w,
+                                       std::vector<std::byte>& bytes,
+                                       std::vector<ipc::UniqueFd>& fds) {
+  ipc::DataMessage message;
+  try {
+    message = ipc::decode_data(bytes);
+  } catch (...) {
+    fail(std::current_exception());
+  }
+  auto complete = [&](std::uint64_t epoch, std::uint64_t sequence) {
+    if (w.in_flight.empty() || w.in_flight.front().epoch != epoch ||
+        w.in_flight.front().sequence != sequence) {
+      fail(std::make_exception_ptr(Error(detail::str(
+          "DataLoader worker ", w.id, " (pid ", w.process.pid(), ") answered batch ", sequence,
+          " of epoch ", epoch, ", which it was not asked for; this is a bug in ferry"))));
+    }
+    w.in_flight.pop_front();
+    return epoch == epoch_;  // false: a stale answer from an earlier epoch
+  };
+  Result result;
+  result.worker = w.id;
+  std::uint64_t sequence = 0;
+  if (auto* m = std::get_if<ipc::BatchReadyMessage>(&message)) {
+    sequence = m->sequence;
+    const bool current = complete(m->epoch, m->sequence);
+    std::shared_ptr<ipc::MappedRegion> mapping;
+    if (!fds.empty()) {
+      mapping = std::make_shared<ipc::MappedRegion>(
+          ipc::MappedRegion::map_shared(fds.front().get(), m->segment_size, true));
+      w.segments[m->segment_id] = mapping;
+    } else if (auto it = w.segments.find(m->segment_id); it != w.segments.end()) {
+      mapping = it->second;
+    } else {
+      fail(std::make_exception_ptr(Error(detail::str(
+          "DataLoader worker ", w.id, " sent a batch in unknown segment ", m->segment_id))));
+    }
+    for (const auto id : m->retired_segments) w.segments.erase(id);
+    auto lease = std::make_shared<SegmentLease>();
+    lease->mapping = mapping;
+    lease->queue = pool_->recycle;
+    lease->worker = w.id;
+    lease->segment_id = m->segment_id;
+    if (!current) return;  // the lease recycles the segment as it goes
+    Batch batch(m->num_samples);
+    for (auto& f : m->fields) {
+      if (f.dtype < 0) {
+        batch.set(f.name, std::move(f.strings));
+        continue;
+      }
+      if (f.offset + f.nbytes > mapping->size()) {
+        fail(std::make_exception_ptr(Error(detail::str("DataLoader worker ", w.id, ": field '",
+                                                       f.name, "' lies outside its segment"))));
+      }
+      batch.set(f.name, at::from_blob(
+                            mapping->data() + f.offset, f.sizes, [lease](void*) {},
+                            at::TensorOptions().dtype(static_cast<c10::ScalarType>(f.dtype))));
+    }
+    batch.set_indices(std::move(m->indices));
+    batch.set_position(epoch_, m->sequence);
+    result.batch = std::move(batch);
+  } else if (auto* m = std::get_if<ipc::SampleErrorMessage>(&message)) {
+    sequence = m->sequence;
+    const bool current = complete(m->epoch, m->sequence);
+    if (!current) return;
+    WorkerFailure failure = failure_of(w);
+    failure.batch = static_cast<std::int64_t>(m->sequence);
+    failure.index = m->index;
+    failure.type_name = m->type_name;
+    failure.message = m->message;
+    const std::string where =
+        m->index >= 0 ? detail::str("loading index ", m->index, " of batch ", m->sequence)
+                      : detail::str("collating batch ", m->sequence);
+    const std::string what =
+        detail::str("DataLoader worker ", w.id, " (pid ", w.process.pid(), ") raised ",
+                    m->type_name, " ", where, " of epoch ", epoch_, ": ", m->message);
+    if (m->type_name == "ferry::SharedMemoryError") {
+      result.error = std::make_exception_ptr(SharedMemoryError(what));
+    } else {
+      result.error = std::make_exception_ptr(WorkerError(what, std::move(failure)));
+    }
+  } else if (auto* m = std::get_if<ipc::StreamEndMessage>(&message)) {
+    sequence = m->sequence;
+    if (!complete(m->epoch, m->sequence)) return;
+    result.stream_end = true;
+  } else if (auto* m = std::get_if<ipc::WorkerErrorMessage>(&message)) {
+    WorkerFailure failure = failure_of(w);
+    failure.type_name = m->type_name;
+    failure.message = m->message;
+    const std::string what = detail::str("DataLoader worker ", w.id, " (pid ", w.process.pid(),
+                                         ") failed (", m->type_name, "): ", m->message);
+    fail(std::make_exception_ptr(WorkerError(what, std::move(failure))));
+  }
+  if (state_->options.in_order) {
+    ready_.emplace(sequence, std::move(result));
+  } else {
+    arrived_.push_back(std::move(result));
+  }
+}
+
+WorkerFailure MultiProcessEpoch::failure_of(const WorkerSlot& w) const {
+  WorkerFailure failure;
+  failure.worker_id = w.id;
+  failure.pid = w.process.pid();
+  failure.epoch = epoch_;
+  for (const auto& task : w.in_flight) {
+    if (task.epoch != epoch_) continue;
+    if (failure.batch < 0) failure.batch = static_cast<std::int64_t>(task.sequence);
+    failure.indices.insert(failure.indices.end(), task.indices.begin(), task.indices.end());
+  }
+  return failure;
+}
+
+void MultiProcessEpoch::worker_died(WorkerSlot& w) {
+  w.dead = true;
+  pool_->broken = true;
+  std::optional<ipc::ExitStatus> status = w.process.try_wait();
+  if (!status) status = w.process.terminate(std::chrono::milliseconds(200));
+  WorkerFailure failure = failure_of(w);
+  std::string held;
+  for (const auto& task : w.in_flight) {
+    if (task.epoch != epoch_) continue;
+    held += held.empty() ? "" : "; ";
+    held +=
+        detail::str("batch ", task.sequence,
+                    iterable_ ? std::string() : " (indices " + list_indices(task.indices) + ")");
+  }
+  std::string hint;
+  if (status->signal == SIGKILL) {
+    hint =
+        "; SIGKILL that ferry did not send usually means the kernel's out-of-memory killer "
+        "(check dmesg; lower batch_size, num_workers or prefetch_factor)";
+  } else if (status->signal == SIGBUS) {
+    hint = "; SIGBUS in a worker usually means shared memory ran out (/dev/shm)";
+  }
+  const std::string what =
+      detail::str("DataLoader worker ", w.id, " (pid ", w.process.pid(), ") ", status->describe(),
+                  held.empty() ? std::string(" while idle") : " while holding " + held, ", epoch ",
+                  epoch_, hint);
+  failure.message = status->describe();
+  fail(std::make_exception_ptr(
+      WorkerDiedError(what, std::move(failure), status->exit_code, status->signal)));
+}
+
+void MultiProcessEpoch::timed_out(std::chrono::milliseconds waited) {
+  // The worker that holds the batch the loop waits for (in order), else the oldest task's.
+  WorkerSlot* culprit = nullptr;
+  for (auto& w : pool_->workers) {
+    if (w.dead) continue;
+    for (const auto& task : w.in_flight) {
+      if (task.epoch == epoch_ && (!state_->options.in_order || task.sequence == next_delivery_)) {
+        culprit = &w;
+        break;
+      }
+    }
+    if (culprit != nullptr) break;
+  }
+  if (culprit == nullptr) {
+    for (auto& w : pool_->workers) {
+      if (!w.dead && !w.in_flight.empty()) {
+        culprit = &w;
+        break;
+      }
+    }
+  }
+  pool_->broken = true;
+  WorkerFailure failure;
+  std::string what = detail::str("DataLoader timed out: no batch within ",
+                                 static_cast<double>(waited.count()) / 1000.0, " s");
+  if (culprit != nullptr) {
+    failure = failure_of(*culprit);
+    const auto& task = culprit->in_flight.front();
+    what += detail::str(" from worker ", culprit->id, " (pid ", culprit->process.pid(),
+                        "), which holds batch ", task.sequence, " of epoch ", task.epoch,
+                        iterable_ ? std::string() : " (indices " + list_indices(task.indices) + ")",
+                        "; the worker was killed. Raise timeout, or look at what the dataset does "
+                        "for these indices");
+    culprit->process.terminate(std::chrono::milliseconds(0));
+    culprit->dead = true;
+  }
+  fail(std::make_exception_ptr(TimeoutError(what, std::move(failure))));
+}
+
+void MultiProcessEpoch::fail(std::exception_ptr error) {
+  failed_ = true;
+  pool_->broken = true;
+  if (state_->persistent_pool == pool_) state_->persistent_pool.reset();
+  pool_->shutdown();
+  std::rethrow_exception(error);
+}
+
+}  // namespace ferry::detail

@@ -1,0 +1,68 @@
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <map>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "ferry/error.h"
+
+#include "loader/epoch_iterator.h"
+#include "loader/loader_state.h"
+#include "loader/worker_pool.h"
+
+namespace ferry::detail {
+
+// One epoch over worker processes: dispatches tasks (at most prefetch_factor in flight per
+// worker), turns "batch ready" messages into zero-copy batches, reorders them into sampler order
+// (unless in_order is false), and turns a worker's death, a hang past `timeout`, or a closed
+// loader into an exception instead of a hang.
+class MultiProcessEpoch final : public EpochIterator {
+ public:
+  MultiProcessEpoch(std::shared_ptr<LoaderState> state, std::uint64_t epoch);
+  ~MultiProcessEpoch() override;
+  std::optional<Batch> next() override;
+
+ private:
+  struct Result {
+    std::optional<Batch> batch;
+    std::exception_ptr error;
+    bool stream_end = false;  // iterable: the worker's stream ended; nothing to deliver
+    std::size_t worker = 0;
+  };
+
+  std::optional<Batch> next_locked();
+  std::optional<Result> pop_result();
+  bool finished() const;
+  void dispatch();
+  void dispatch_map();
+  void dispatch_iterable();
+  bool send_task(WorkerSlot& w, std::uint64_t sequence, std::vector<std::int64_t> indices);
+  void wait_and_receive(std::optional<ipc::Clock::time_point> deadline);
+  void receive_from(WorkerSlot& w);
+  void handle_message(WorkerSlot& w,
+                      std::vector<std::byte>& bytes,
+                      std::vector<ipc::UniqueFd>& fds);
+  [[noreturn]] void worker_died(WorkerSlot& w);
+  [[noreturn]] void timed_out(std::chrono::milliseconds waited);
+  [[noreturn]] void fail(std::exception_ptr error);
+  WorkerFailure failure_of(const WorkerSlot& w) const;
+
+  std::shared_ptr<LoaderState> state_;
+  std::shared_ptr<WorkerPool> pool_;
+  std::uint64_t epoch_;
+  std::uint64_t token_;
+  bool iterable_;
+  std::vector<std::vector<std::int64_t>> batches_;  // map-style: the epoch's batches
+  std::uint64_t next_task_ = 0;                     // next sequence number to dispatch
+  std::uint64_t next_delivery_ = 0;                 // in order: next sequence to deliver
+  std::map<std::uint64_t, Result> ready_;           // in order: results by sequence
+  std::deque<Result> arrived_;                      // out of order: results as they came
+  std::size_t round_robin_ = 0;
+  bool failed_ = false;
+};
+
+}  // namespace ferry::detail

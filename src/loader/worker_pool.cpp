@@ -1,0 +1,127 @@
+#include "loader/worker_pool.h"
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <system_error>
+
+#include "ipc/protocol.h"
+#include "loader/loader_state.h"
+#include "workers/forker.h"
+#include "workers/worker_loop.h"
+
+namespace ferry::detail {
+
+LoaderState::LoaderState() {
+  wake.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!wake) throw std::system_error(errno, std::generic_category(), "eventfd for a DataLoader");
+  workers::register_parent_only_fd(wake.get());
+}
+
+LoaderState::~LoaderState() {
+  close();
+  workers::unregister_parent_only_fd(wake.get());
+}
+
+void LoaderState::close() noexcept {
+  closed = true;
+  const std::uint64_t one = 1;
+  (void)!::write(wake.get(), &one, sizeof one);
+  std::lock_guard<std::mutex> lock(use_mutex);  // an iterator in next() wakes and leaves
+  persistent_pool.reset();
+  for (auto& weak : pools) {
+    if (auto pool = weak.lock()) pool->shutdown();
+  }
+  pools.clear();
+}
+
+WorkerPool::WorkerPool(const LoaderState& state) {
+  const DataLoaderOptions& o = state.options;
+  workers.reserve(o.num_workers);
+  try {
+    for (std::size_t i = 0; i < o.num_workers; ++i) {
+      auto [main_index, worker_index] = ipc::Channel::pair();
+      auto [main_data, worker_data] = ipc::Channel::pair();
+      workers::register_parent_only_fd(main_index.fd());
+      workers::register_parent_only_fd(main_data.fd());
+      WorkerSlot slot;
+      slot.id = i;
+      slot.index = std::move(main_index);
+      slot.data = std::move(main_data);
+
+      workers::WorkerSpec spec;
+      spec.worker_id = i;
+      spec.num_workers = o.num_workers;
+      spec.base_seed = *o.seed;
+      spec.dataset = state.dataset;
+      spec.iterable = state.iterable;
+      spec.batch_size = o.batch_size;
+      spec.drop_last = o.drop_last;
+      spec.collate_fn = state.collate_fn;
+      spec.worker_init_fn = o.worker_init_fn;
+      spec.keep_free_segments = *o.prefetch_factor + 1;
+      spec.parent_pid = ::getpid();
+      const int index_fd = worker_index.fd();
+      const int data_fd = worker_data.fd();
+      // The child's ends: the child adopts them; this process closes them right after the fork.
+      std::vector<ipc::UniqueFd> child_ends;
+      child_ends.push_back(worker_index.release());
+      child_ends.push_back(worker_data.release());
+      const pid_t pid = workers::fork_worker(
+          [spec, index_fd, data_fd]() {
+            workers::run_worker(spec, ipc::Channel(ipc::UniqueFd(index_fd)),
+                                ipc::Channel(ipc::UniqueFd(data_fd)));
+          },
+          std::move(child_ends));
+      slot.process = ipc::ChildProcess(pid);
+      workers.push_back(std::move(slot));
+    }
+  } catch (...) {
+    shutdown();
+    throw;
+  }
+}
+
+void WorkerPool::shutdown() noexcept {
+  if (stopped_) return;
+  stopped_ = true;
+  const auto stop = ipc::encode(ipc::IndexMessage(ipc::StopMessage{}));
+  const auto soon = ipc::Clock::now() + std::chrono::milliseconds(20);
+  for (auto& w : workers) {
+    if (!w.index.valid()) continue;
+    try {
+      (void)w.index.send(stop, {}, soon);
+    } catch (...) {
+    }
+    workers::unregister_parent_only_fd(w.index.fd());
+    w.index.close();  // EOF for a worker that missed the stop message
+  }
+  const auto deadline = std::chrono::steady_clock::now() + kShutdownGrace;
+  for (auto& w : workers) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    (void)w.process.terminate(std::max(left, std::chrono::milliseconds(0)));
+    if (w.data.valid()) {
+      workers::unregister_parent_only_fd(w.data.fd());
+      w.data.close();
+    }
+    w.segments.clear();  // batches still held keep their own mappings
+  }
+}
+
+void WorkerPool::flush_recycles() {
+  std::vector<std::pair<std::size_t, std::uint64_t>> items;
+  {
+    std::lock_guard<std::mutex> lock(recycle->mutex);
+    items.swap(recycle->items);
+  }
+  for (const auto& [worker, segment] : items) {
+    WorkerSlot& w = workers.at(worker);
+    if (w.dead || !w.index.valid()) continue;
+    const auto bytes = ipc::encode(ipc::IndexMessage(ipc::RecycleMessage{segment}));
+    (void)w.index.send(bytes);
+  }
+}
+
+}  // namespace ferry::detail

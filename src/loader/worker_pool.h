@@ -1,0 +1,72 @@
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "ipc/channel.h"
+#include "ipc/child_process.h"
+#include "ipc/shared_memory.h"
+#include "loader/loader_state.h"
+
+namespace ferry::detail {
+
+// Segments whose batches the training loop has let go of, waiting to go back to their worker.
+// Tensor deleters push from any thread; the iterator sends them.
+struct RecycleQueue {
+  std::mutex mutex;
+  std::vector<std::pair<std::size_t, std::uint64_t>> items;  // (worker, segment id)
+};
+
+struct TaskRecord {
+  std::uint64_t epoch = 0;
+  std::uint64_t sequence = 0;
+  std::vector<std::int64_t> indices;
+};
+
+// The main process's view of one worker process.
+struct WorkerSlot {
+  std::size_t id = 0;
+  ipc::ChildProcess process;
+  ipc::Channel index;                // main -> worker
+  ipc::Channel data;                 // worker -> main
+  std::deque<TaskRecord> in_flight;  // a worker answers its tasks in order
+  std::unordered_map<std::uint64_t, std::shared_ptr<ipc::MappedRegion>> segments;
+  bool dead = false;
+  // This epoch: tasks sent whose batch the training loop has not received yet (bounded by
+  // prefetch_factor); for an iterable dataset, whether its stream has ended.
+  std::size_t undelivered = 0;
+  bool exhausted = false;
+};
+
+// The worker processes of one loader (for one epoch, or for all with persistent_workers).
+class WorkerPool {
+ public:
+  // Forks the workers. Throws std::system_error if a process or channel cannot be made.
+  explicit WorkerPool(const LoaderState& state);
+  ~WorkerPool() { shutdown(); }
+
+  // Stop messages, then EOF, then up to `grace` for the workers to exit, then SIGKILL; every
+  // process is reaped. Idempotent.
+  void shutdown() noexcept;
+  bool stopped() const noexcept { return stopped_; }
+
+  // Sends the recycled segments back to their workers.
+  void flush_recycles();
+
+  std::vector<WorkerSlot> workers;
+  std::shared_ptr<RecycleQueue> recycle = std::make_shared<RecycleQueue>();
+  std::uint64_t owner_token = 0;  // the epoch iterator using the pool now
+  bool broken = false;            // a worker died or was killed: not reusable
+
+  static constexpr std::chrono::milliseconds kShutdownGrace{1000};
+
+ private:
+  bool stopped_ = false;
+};
+
+}  // namespace ferry::detail

@@ -1,0 +1,630 @@
+// RELIABILITY.md's failure scenarios. Each test runs in its own forked child with a deadline
+// (support/process_harness.h), so a hang fails the test instead of stalling CI; inside the child,
+// REQUIRE prints what failed and exits non-zero.
+
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <thread>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "ferry/data_loader.h"
+#include "ferry/error.h"
+
+#include "ipc/shared_memory.h"
+#include "support/datasets.h"
+#include "support/ledger.h"
+#include "support/process_harness.h"
+
+namespace ferry {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+using testing::LedgerDataset;
+using testing::RangeDataset;
+
+#define REQUIRE(cond, ...)                                                                       \
+  do {                                                                                           \
+    if (!(cond)) {                                                                               \
+      std::fprintf(stderr, "REQUIRE(%s) failed at line %d: ", #cond, __LINE__);                  \
+      std::fprintf(stderr, "%s\n", ::ferry::detail::str("" __VA_OPT__(, ) __VA_ARGS__).c_str()); \
+      return 1;                                                                                  \
+    }                                                                                            \
+  } while (false)
+
+// Runs `body` in a child with a generous deadline and expects it to exit 0.
+void in_child(const std::function<int()>& body, std::chrono::milliseconds deadline = 60s) {
+  const auto r = testing::run_in_child(body, deadline);
+  EXPECT_FALSE(r.timed_out) << "hung; output:\n" << r.output;
+  EXPECT_EQ(r.signal, 0) << "killed by signal " << r.signal << "; output:\n" << r.output;
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Starts ferry's forker thread, so that leak baselines taken afterwards include it.
+void warm_up() {
+  DataLoader loader(std::make_shared<RangeDataset>(1), {.num_workers = 1});
+  for (auto& batch : loader) (void)batch;
+}
+
+// A dataset that misbehaves on one index: crash, exit, abort, hang.
+class FaultyDataset : public LedgerDataset {
+ public:
+  enum class Fault { kSegfault, kExit3, kAbort, kTerminate, kQuickExit, kHang };
+  FaultyDataset(std::size_t n, std::size_t bad, Fault fault)
+      : LedgerDataset(n, 64), bad_(bad), fault_(fault) {}
+  Example get(std::size_t index, SampleContext& ctx) const override {
+    if (index == bad_) {
+      switch (fault_) {
+        case Fault::kSegfault:
+          ::raise(SIGSEGV);
+          break;
+        case Fault::kExit3:
+          std::exit(3);
+        case Fault::kAbort:
+          std::abort();
+        case Fault::kTerminate:
+          std::terminate();
+        case Fault::kQuickExit:
+          std::quick_exit(4);
+        case Fault::kHang:
+          for (;;) ::pause();
+      }
+    }
+    return LedgerDataset::get(index, ctx);
+  }
+
+ private:
+  std::size_t bad_;
+  Fault fault_;
+};
+
+// Iterates until a WorkerDiedError; returns it (or fails the child).
+template <class Check>
+int expect_death(FaultyDataset::Fault fault, Check&& check) {
+  warm_up();
+  const auto before = testing::snapshot();
+  {
+    DataLoader loader(std::make_shared<FaultyDataset>(64, 21, fault),
+                      {.batch_size = 4, .num_workers = 2});
+    bool died = false;
+    try {
+      for (auto& batch : loader) (void)batch;
+    } catch (const WorkerDiedError& e) {
+      died = true;
+      if (int rc = check(e); rc != 0) return rc;
+    }
+    REQUIRE(died, "no WorkerDiedError");
+  }
+  const std::string leaks = testing::wait_for_no_leaks(before, 2s);
+  REQUIRE(leaks.empty(), leaks);
+  return 0;
+}
+
+TEST(WorkerDeath, SegfaultIsReportedWithSignalPidAndIndices) {  // row 1
+  in_child([] {
+    return expect_death(FaultyDataset::Fault::kSegfault, [](const WorkerDiedError& e) {
+      const std::string what = e.what();
+      REQUIRE(e.signal() == SIGSEGV, what);
+      REQUIRE(what.find("SIGSEGV") != std::string::npos, what);
+      REQUIRE(what.find("(pid " + std::to_string(e.failure().pid)) != std::string::npos, what);
+      REQUIRE(what.find("indices 20, 21, 22, 23") != std::string::npos, what);
+      return 0;
+    });
+  });
+}
+
+TEST(WorkerDeath, ExitCodesAbortTerminateAndQuickExit) {  // row 3
+  struct Case {
+    FaultyDataset::Fault fault;
+    int code;
+    int signal;
+  };
+  for (const Case c :
+       {Case{FaultyDataset::Fault::kExit3, 3, 0}, Case{FaultyDataset::Fault::kAbort, -1, SIGABRT},
+        Case{FaultyDataset::Fault::kTerminate, -1, SIGABRT},
+        Case{FaultyDataset::Fault::kQuickExit, 4, 0}}) {
+    in_child([c] {
+      return expect_death(c.fault, [c](const WorkerDiedError& e) {
+        REQUIRE(e.exit_code() == c.code && e.signal() == c.signal, e.what());
+        const std::string expected =
+            c.signal != 0 ? "SIGABRT" : "exited with code " + std::to_string(c.code);
+        REQUIRE(std::string(e.what()).find(expected) != std::string::npos, e.what());
+        return 0;
+      });
+    });
+  }
+}
+
+TEST(WorkerDeath, KilledAtRandomMomentsIsAlwaysReportedNeverHangsNeverTorn) {  // rows 2, 13
+  std::mt19937 rng(20261121);
+  for (int round = 0; round < 20; ++round) {
+    const int delay_us = static_cast<int>(rng() % 20000);
+    in_child([delay_us] {
+      warm_up();
+      const auto before = testing::snapshot();
+      {
+        DataLoader loader(std::make_shared<LedgerDataset>(400, 4096, 500),
+                          {.batch_size = 4, .num_workers = 2, .prefetch_factor = 3});
+        auto it = loader.begin();
+        const auto victim = static_cast<pid_t>((*it)["pid"][0].item<std::int64_t>());
+        std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
+        ::kill(victim, SIGKILL);
+        const auto killed = Clock::now();
+        bool died = false;
+        try {
+          for (; it != loader.end(); ++it) {
+            for (std::size_t r = 0; r < it->size(); ++r) {
+              REQUIRE(LedgerDataset::check_row((*it)["payload"], static_cast<std::int64_t>(r),
+                                               it->indices()[r], 0) == "");
+            }
+          }
+        } catch (const WorkerDiedError& e) {
+          died = true;
+          REQUIRE(e.signal() == SIGKILL, e.what());
+          REQUIRE(e.failure().pid == victim, e.what());
+          REQUIRE(std::string(e.what()).find("out-of-memory") != std::string::npos, e.what());
+          REQUIRE(seconds_since(killed) < 1.0, "detected after ", seconds_since(killed), " s");
+        }
+        REQUIRE(died, "the kill went unnoticed");
+      }
+      const std::string leaks = testing::wait_for_no_leaks(before, 2s);
+      REQUIRE(leaks.empty(), leaks);
+      return 0;
+    });
+  }
+}
+
+TEST(WorkerInit, FailingWorkerInitFnIsRaisedAtTheFirstBatch) {  // row 5
+  in_child([] {
+    warm_up();
+    const auto before = testing::snapshot();
+    {
+      DataLoader loader(std::make_shared<RangeDataset>(10),
+                        {.batch_size = 2, .num_workers = 2, .worker_init_fn = [](std::size_t id) {
+                           if (id == 1) throw std::invalid_argument("no GPU for worker 1");
+                         }});
+      bool raised = false;
+      try {
+        for (auto& batch : loader) (void)batch;
+      } catch (const WorkerError& e) {
+        raised = true;
+        const std::string what = e.what();
+        REQUIRE(what.find("worker_init_fn(1) failed") != std::string::npos, what);
+        REQUIRE(what.find("no GPU for worker 1") != std::string::npos, what);
+        REQUIRE(e.failure().type_name == "std::invalid_argument", e.failure().type_name);
+      }
+      REQUIRE(raised, "worker_init_fn's error was lost");
+    }
+    const std::string leaks = testing::wait_for_no_leaks(before, 2s);
+    REQUIRE(leaks.empty(), leaks);
+    return 0;
+  });
+}
+
+TEST(WorkerInit, FailingIterableStreamIsRaisedAtTheFirstBatch) {  // row 5
+  class Broken : public IterableDataset {
+   public:
+    std::unique_ptr<ExampleStream> stream(SampleContext&) const override {
+      throw std::runtime_error("cannot open shard");
+    }
+  };
+  in_child([] {
+    DataLoader loader(std::make_shared<Broken>(), {.num_workers = 2});
+    try {
+      for (auto& batch : loader) (void)batch;
+    } catch (const WorkerError& e) {
+      REQUIRE(std::string(e.what()).find("cannot open shard") != std::string::npos, e.what());
+      return 0;
+    }
+    std::fprintf(stderr, "no error\n");
+    return 1;
+  });
+}
+
+TEST(Timeout, AHungWorkerTimesOutIsNamedAndKilled) {  // row 6
+  in_child([] {
+    warm_up();
+    const auto before = testing::snapshot();
+    {
+      DataLoader loader(std::make_shared<FaultyDataset>(40, 9, FaultyDataset::Fault::kHang),
+                        {.batch_size = 4, .num_workers = 2, .timeout = 500ms});
+      const auto start = Clock::now();
+      try {
+        for (auto& batch : loader) (void)batch;
+        REQUIRE(false, "no timeout");
+      } catch (const TimeoutError& e) {
+        const double took = seconds_since(start);
+        const std::string what = e.what();
+        REQUIRE(took >= 0.45 && took < 2.0, "timed out after ", took, " s");
+        REQUIRE(what.find("holds batch 2 of epoch 0 (indices 8, 9, 10, 11)") != std::string::npos,
+                what);
+        REQUIRE(what.find("was killed") != std::string::npos, what);
+        REQUIRE(!testing::pid_alive(e.failure().pid), "the hung worker is still alive");
+      }
+      const auto stop = Clock::now();
+      loader = DataLoader(std::make_shared<RangeDataset>(1));  // destroys the old loader
+      REQUIRE(seconds_since(stop) < 2.0, "shutdown took ", seconds_since(stop), " s");
+    }
+    const std::string leaks = testing::wait_for_no_leaks(before, 2s);
+    REQUIRE(leaks.empty(), leaks);
+    return 0;
+  });
+}
+
+TEST(Timeout, AStoppedWorkerTimesOutAndShutdownStillFinishes) {  // row 6, SIGSTOP
+  in_child([] {
+    DataLoader loader(std::make_shared<LedgerDataset>(400, 64, 2000),
+                      {.batch_size = 2, .num_workers = 2, .timeout = 400ms});
+    auto it = loader.begin();
+    const auto victim = static_cast<pid_t>((*it)["pid"][0].item<std::int64_t>());
+    ::kill(victim, SIGSTOP);
+    try {
+      for (; it != loader.end(); ++it) (void)*it;
+      REQUIRE(false, "no timeout");
+    } catch (const TimeoutError& e) {
+      REQUIRE(e.failure().pid == victim, e.what());
+    }
+    const auto stop = Clock::now();
+    { DataLoader gone = std::move(loader); }
+    REQUIRE(seconds_since(stop) < 2.0, "shutdown took ", seconds_since(stop), " s");
+    REQUIRE(!testing::pid_alive(victim), "the stopped worker survived");
+    return 0;
+  });
+}
+
+// Forks a "training process" that starts a loader, reports its worker pids on a pipe, then
+// runs `then`. Returns (training pid, worker pids).
+std::pair<pid_t, std::vector<pid_t>> start_training(std::size_t workers,
+                                                    const std::function<void()>& then) {
+  int fds[2];
+  if (::pipe(fds) != 0) return {-1, {}};
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(fds[0]);
+    DataLoader loader(std::make_shared<LedgerDataset>(100000, 64, 1000),
+                      {.batch_size = 1, .num_workers = workers, .persistent_workers = true});
+    std::set<std::int64_t> pids;
+    auto it = loader.begin();
+    while (pids.size() < workers) {
+      pids.insert((*it)["pid"][0].item<std::int64_t>());
+      ++it;
+    }
+    for (auto p : pids) {
+      const int v = static_cast<int>(p);
+      (void)!::write(fds[1], &v, sizeof v);
+    }
+    ::close(fds[1]);
+    then();
+    for (; it != loader.end(); ++it) (void)*it;  // keep iterating until killed
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  // Read exactly one pid per worker: the workers hold the pipe's write end too, so waiting for
+  // EOF would wait for the whole training run.
+  std::vector<pid_t> workers_pids;
+  int v;
+  while (workers_pids.size() < workers && ::read(fds[0], &v, sizeof v) == sizeof v) {
+    workers_pids.push_back(v);
+  }
+  ::close(fds[0]);
+  return {pid, workers_pids};
+}
+
+bool all_dead_within(const std::vector<pid_t>& pids, std::chrono::milliseconds within) {
+  const auto deadline = Clock::now() + within;
+  for (;;) {
+    bool any = false;
+    for (pid_t p : pids) any = any || testing::pid_alive(p);
+    if (!any) return true;
+    if (Clock::now() > deadline) return false;
+    std::this_thread::sleep_for(5ms);
+  }
+}
+
+TEST(MainProcessDeath, WorkersDieWithinASecondOfASigkilledMain) {  // row 7
+  in_child([] {
+    const auto shm_before = testing::snapshot().dev_shm;
+    auto [main_pid, workers] = start_training(3, [] {});
+    REQUIRE(workers.size() == 3, "got ", workers.size(), " worker pids");
+    ::kill(main_pid, SIGKILL);
+    const auto killed = Clock::now();
+    ::waitpid(main_pid, nullptr, 0);
+    REQUIRE(all_dead_within(workers, 1s), "a worker outlived its killed parent");
+    REQUIRE(seconds_since(killed) < 1.0);
+    REQUIRE(testing::snapshot().dev_shm == shm_before, "/dev/shm changed");
+    return 0;
+  });
+}
+
+TEST(MainProcessDeath, CtrlCToTheProcessGroupAndSigtermToMain) {  // row 8 (a), (b), (d)
+  for (const int sig : {SIGINT, SIGTERM}) {
+    in_child([sig] {
+      auto [main_pid, workers] = start_training(2, [] {});
+      REQUIRE(workers.size() == 2);
+      if (sig == SIGINT) {
+        // Ctrl-C reaches the whole group: workers ignore it; main takes the default action.
+        ::signal(SIGINT, SIG_IGN);
+        ::kill(0, SIGINT);
+      } else {
+        ::kill(main_pid, SIGTERM);
+      }
+      int status = 0;
+      ::waitpid(main_pid, &status, 0);
+      REQUIRE(WIFSIGNALED(status) && WTERMSIG(status) == sig, "main ended with status ", status);
+      REQUIRE(all_dead_within(workers, 1s), "a worker outlived main");
+      return 0;
+    });
+  }
+}
+
+TEST(MainProcessDeath, AnApplicationThatHandlesSigintBreaksAndExitsCleanly) {  // row 8 (c)
+  in_child([] {
+    static std::atomic<bool> stop{false};
+    struct sigaction sa {};
+    sa.sa_handler = [](int) { stop = true; };
+    ::sigaction(SIGINT, &sa, nullptr);
+    warm_up();
+    const auto before = testing::snapshot();
+    std::thread ctrl_c([] {
+      std::this_thread::sleep_for(200ms);
+      ::kill(0, SIGINT);  // the whole group, workers included
+    });
+    {
+      DataLoader loader(std::make_shared<LedgerDataset>(100000, 64, 500),
+                        {.batch_size = 2, .num_workers = 2});
+      for (auto& batch : loader) {
+        (void)batch;
+        if (stop) break;
+      }
+    }
+    ctrl_c.join();
+    REQUIRE(stop.load(), "the handler never ran");
+    const std::string leaks = testing::wait_for_no_leaks(before, 2s);
+    REQUIRE(leaks.empty(), leaks);
+    return 0;
+  });
+}
+
+TEST(Shutdown, DestroyingAtEveryStageIsBoundedAndLeavesNothing) {  // rows 9, 10, 11
+  enum Stage { kConstructed, kFirstBatch, kPrefetchFull, kEndOfEpoch, kAfterError, kThrowInLoop };
+  for (const Stage stage :
+       {kConstructed, kFirstBatch, kPrefetchFull, kEndOfEpoch, kAfterError, kThrowInLoop}) {
+    for (const bool persistent : {false, true}) {
+      in_child([stage, persistent] {
+        warm_up();
+        const auto before = testing::snapshot();
+        Clock::time_point start;
+        {
+          auto dataset =
+              stage == kAfterError
+                  ? std::shared_ptr<const Dataset>(
+                        std::make_shared<testing::FailingDataset>(40, 0, 40))
+                  : std::make_shared<LedgerDataset>(40, 1 << 16, stage == kPrefetchFull ? 0 : 300);
+          DataLoader loader(dataset, {.batch_size = 2,
+                                      .num_workers = 3,
+                                      .prefetch_factor = 4,
+                                      .persistent_workers = persistent});
+          if (stage == kFirstBatch || stage == kPrefetchFull || stage == kAfterError) {
+            auto it = loader.begin();
+            if (stage == kPrefetchFull) std::this_thread::sleep_for(300ms);  // every slot full
+            try {
+              (void)*it;
+            } catch (const WorkerError&) {
+              REQUIRE(stage == kAfterError);
+            }
+            start = Clock::now();
+            // `it` and `loader` die here, mid-epoch
+          } else if (stage == kEndOfEpoch) {
+            for (auto& batch : loader) (void)batch;
+            start = Clock::now();
+          } else if (stage == kThrowInLoop) {
+            try {
+              for (auto& batch : loader) {
+                (void)batch;
+                throw std::runtime_error("loss is NaN");
+              }
+            } catch (const std::runtime_error&) {
+            }
+          }
+          if (stage != kFirstBatch && stage != kPrefetchFull && stage != kAfterError)
+            start = Clock::now();
+        }
+        REQUIRE(seconds_since(start) < 2.0, "stage ", stage, ": destruction took ",
+                seconds_since(start), " s");
+        const std::string leaks = testing::wait_for_no_leaks(before, 2s);
+        REQUIRE(leaks.empty(), "stage ", stage, ": ", leaks);
+        return 0;
+      });
+    }
+  }
+}
+
+TEST(Shutdown, DestroyingTheLoaderWakesAThreadBlockedInNext) {  // row 11
+  in_child([] {
+    auto loader = std::make_unique<DataLoader>(
+        std::make_shared<FaultyDataset>(40, 0, FaultyDataset::Fault::kHang),
+        DataLoaderOptions{.batch_size = 2, .num_workers = 1});
+    std::atomic<bool> closed_seen{false};
+    Clock::time_point woke;
+    std::thread consumer([&] {
+      auto it = loader->begin();  // batch 0 never comes: blocks in next()
+      woke = Clock::now();
+      try {
+        (void)*it;
+      } catch (const LoaderClosed&) {
+        closed_seen = true;
+      }
+    });
+    std::this_thread::sleep_for(300ms);
+    const auto start = Clock::now();
+    loader.reset();
+    consumer.join();
+    REQUIRE(closed_seen.load(), "the blocked consumer did not get LoaderClosed");
+    REQUIRE(seconds_since(start) < 2.0, "closing took ", seconds_since(start), " s");
+    REQUIRE(std::chrono::duration<double>(woke - start).count() < 2.0);
+    return 0;
+  });
+}
+
+TEST(Resources, DescriptorsStayFixedUnderALowLimitAndHeldBatches) {  // row 19
+  in_child(
+      [] {
+        warm_up();
+        const auto base = testing::snapshot().fds.size();
+        rlimit limit{base + 32, base + 32};
+        REQUIRE(::setrlimit(RLIMIT_NOFILE, &limit) == 0);
+        DataLoader loader(std::make_shared<LedgerDataset>(10000, 16),
+                          {.batch_size = 1, .num_workers = 2});
+        std::vector<Batch> held;
+        std::size_t n = 0;
+        for (auto& batch : loader) {
+          if (held.size() < 500) held.push_back(batch);  // held batches cost no descriptors
+          ++n;
+        }
+        REQUIRE(n == 10000, n);
+        for (const Batch& b : held) {
+          REQUIRE(LedgerDataset::check_row(b["payload"], 0, b.indices()[0], 0) == "");
+        }
+        return 0;
+      },
+      120s);
+}
+
+TEST(Resources, ABatchThatCannotGetSharedMemoryIsAClearErrorNeverSigbus) {  // row 18
+  in_child([] {
+    ipc::fault::fail_next_allocations(1);  // inherited by the workers forked next
+    DataLoader loader(std::make_shared<LedgerDataset>(8, 1 << 20),
+                      {.batch_size = 2, .num_workers = 1});
+    auto it = loader.begin();
+    try {
+      (void)*it;
+      REQUIRE(false, "no error");
+    } catch (const SharedMemoryError& e) {
+      const std::string what = e.what();
+      REQUIRE(what.find("cannot reserve 2.0 MiB") != std::string::npos, what);
+      REQUIRE(what.find("free in /dev/shm") != std::string::npos, what);
+      REQUIRE(what.find("--shm-size") != std::string::npos, what);
+    }
+    ++it;  // the next batch gets its memory
+    REQUIRE(it->size() == 2);
+    return 0;
+  });
+}
+
+TEST(Resources, AWorkerHoldsOnlyItsOwnChannels) {  // row 26: no worker keeps another's pipes
+  in_child([] {
+    auto count_sockets = [](pid_t pid) {
+      int n = 0;
+      for (int fd : testing::harness_internal::numeric_entries(
+               ("/proc/" + std::to_string(pid) + "/fd").c_str())) {
+        char target[256];
+        const auto len =
+            ::readlink(("/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd)).c_str(),
+                       target, sizeof target - 1);
+        if (len > 0 && std::string(target, static_cast<std::size_t>(len)).rfind("socket:", 0) == 0)
+          ++n;
+      }
+      return n;
+    };
+    DataLoader a(std::make_shared<LedgerDataset>(100),
+                 {.batch_size = 1, .num_workers = 2, .persistent_workers = true});
+    DataLoader b(std::make_shared<LedgerDataset>(100),
+                 {.batch_size = 1, .num_workers = 2, .persistent_workers = true});
+    auto ia = a.begin();
+    auto ib = b.begin();
+    for (auto* it : {&ia, &ib}) {
+      const auto pid = static_cast<pid_t>((**it)["pid"][0].item<std::int64_t>());
+      REQUIRE(count_sockets(pid) == 2, "worker ", pid, " holds ", count_sockets(pid), " sockets");
+    }
+    return 0;
+  });
+}
+
+TEST(Soak, ResourcesStayConstantFromTheSecondEpochOn) {  // row 28, bounded for CI
+  in_child(
+      [] {
+        DataLoader loader(std::make_shared<LedgerDataset>(64, 1 << 14),
+                          {.batch_size = 4, .num_workers = 2, .persistent_workers = true});
+        std::optional<testing::ResourceSnapshot> at_epoch_2;
+        for (int epoch = 0; epoch < 60; ++epoch) {
+          for (auto& batch : loader) (void)batch;
+          if (epoch == 2) at_epoch_2 = testing::snapshot();
+          if (epoch > 2) {
+            const std::string diff = testing::leak_diff(*at_epoch_2, testing::snapshot());
+            REQUIRE(diff.empty(), "epoch ", epoch, ": ", diff);
+          }
+        }
+        warm_up();
+        const auto before = testing::snapshot();
+        for (int cycle = 0; cycle < 100; ++cycle) {
+          DataLoader transient(std::make_shared<LedgerDataset>(8),
+                               {.batch_size = 4, .num_workers = 2});
+          for (auto& batch : transient) (void)batch;
+        }
+        const std::string leaks = testing::wait_for_no_leaks(before, 2s);
+        REQUIRE(leaks.empty(), "after 100 create/destroy cycles: ", leaks);
+        return 0;
+      },
+      120s);
+}
+
+TEST(Seeding, OutputIsIdenticalWhateverTheWorkerCountAndTiming) {  // row 29
+  in_child([] {
+    auto run = [](std::size_t workers) {
+      DataLoader loader(std::make_shared<LedgerDataset>(60, 32, 2000, 0, 10),
+                        {.batch_size = 3, .shuffle = true, .num_workers = workers, .seed = 99});
+      std::vector<torch::Tensor> noise;
+      for (auto& batch : loader) noise.push_back(batch["noise"].clone());
+      return torch::cat(noise);
+    };
+    const auto one = run(1);
+    REQUIRE(one.equal(run(4)), "1 vs 4 workers differ");
+    REQUIRE(one.equal(run(0)), "workers vs in-process differ");
+    return 0;
+  });
+}
+
+TEST(Prefetch, AtMostPrefetchFactorTasksPerWorkerAreInFlight) {  // row 30
+  in_child([] {
+    // Workers count the samples they load in memory shared with this process.
+    auto* loaded = static_cast<std::atomic<int>*>(::mmap(nullptr, sizeof(std::atomic<int>),
+                                                         PROT_READ | PROT_WRITE,
+                                                         MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+    new (loaded) std::atomic<int>(0);
+    class Counting : public LedgerDataset {
+     public:
+      explicit Counting(std::atomic<int>* c) : LedgerDataset(1000, 8), c_(c) {}
+      Example get(std::size_t i, SampleContext& ctx) const override {
+        ++*c_;
+        return LedgerDataset::get(i, ctx);
+      }
+      std::atomic<int>* c_;
+    };
+    DataLoader loader(std::make_shared<Counting>(loaded),
+                      {.batch_size = 5, .num_workers = 3, .prefetch_factor = 2});
+    auto it = loader.begin();  // takes batch 0; the rest stay in flight, unread
+    std::this_thread::sleep_for(500ms);
+    const int n = loaded->load();
+    // 3 workers x 2 tasks x 5 samples, plus the batch delivered and its replacement.
+    REQUIRE(n <= 3 * 2 * 5 + 5, n, " samples loaded with 30 in flight allowed");
+    REQUIRE(n >= 3 * 2 * 5, n, " samples loaded: prefetch did not fill");
+    return 0;
+  });
+}
+
+}  // namespace
+}  // namespace ferry

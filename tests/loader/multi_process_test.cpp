@@ -1,0 +1,463 @@
+// The multi-process engine: exactly-once delivery, order, identity with num_workers = 0,
+// zero-copy batches that stay intact while held, persistent workers and epochs, iterable
+// datasets. Fault scenarios live in fault_test.cpp.
+
+#include <unistd.h>
+
+#include <map>
+#include <set>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "ferry/data_loader.h"
+#include "ferry/error.h"
+
+#include "support/datasets.h"
+#include "support/ledger.h"
+
+namespace ferry {
+namespace {
+
+using testing::CountingStream;
+using ::testing::HasSubstr;
+using testing::LedgerDataset;
+using testing::RangeDataset;
+using ::testing::ThrowsMessage;
+
+struct MatrixCase {
+  std::size_t workers;
+  bool in_order;
+  bool persistent;
+};
+
+std::string name_of(const ::testing::TestParamInfo<MatrixCase>& info) {
+  return "w" + std::to_string(info.param.workers) +
+         (info.param.in_order ? "_ordered" : "_unordered") +
+         (info.param.persistent ? "_persistent" : "_transient");
+}
+
+class ExactlyOnce : public ::testing::TestWithParam<MatrixCase> {};
+
+TEST_P(ExactlyOnce, EveryIndexOnceEveryByteRightInSamplerOrder) {
+  const auto p = GetParam();
+  constexpr std::size_t kSize = 203;
+  constexpr std::size_t kBatch = 8;
+  // Random per-sample delays, and worker 0 ten times slower: the order check is real.
+  auto dataset = std::make_shared<LedgerDataset>(kSize, 100, 300, 0, 10);
+  DataLoader loader(dataset, {.batch_size = kBatch,
+                              .shuffle = true,
+                              .num_workers = p.workers,
+                              .persistent_workers = p.persistent,
+                              .in_order = p.in_order,
+                              .seed = 17});
+  for (std::uint64_t epoch = 0; epoch < 2; ++epoch) {
+    const auto expected =
+        BatchSampler(std::make_shared<RandomSampler>(kSize, 17), kBatch, false).batches(epoch);
+    std::vector<int> seen(kSize, 0);
+    std::vector<std::vector<std::int64_t>> order;
+    std::set<std::int64_t> workers_used;
+    for (auto& batch : loader) {
+      ASSERT_EQ(batch.epoch(), epoch);
+      const auto& idx = batch.indices();
+      order.push_back(idx);
+      const auto payload = batch["payload"];
+      for (std::size_t r = 0; r < idx.size(); ++r) {
+        const auto row = static_cast<std::int64_t>(r);
+        ASSERT_EQ(batch["index"][row].item<std::int64_t>(), idx[r]);
+        ASSERT_EQ(batch["epoch"][row].item<std::int64_t>(), static_cast<std::int64_t>(epoch));
+        ASSERT_EQ(LedgerDataset::check_row(payload, row, idx[r], epoch), "");
+        ASSERT_NE(batch["pid"][row].item<std::int64_t>(), ::getpid()) << "loaded in a worker";
+        workers_used.insert(batch["worker"][row].item<std::int64_t>());
+        ++seen[static_cast<std::size_t>(idx[r])];
+      }
+    }
+    for (std::size_t i = 0; i < kSize; ++i) ASSERT_EQ(seen[i], 1) << "index " << i;
+    EXPECT_EQ(order.size(), loader.size());
+    if (p.in_order) {
+      EXPECT_EQ(order, expected);
+    } else {
+      // Each batch is still one sampler chunk.
+      std::set<std::vector<std::int64_t>> got(order.begin(), order.end());
+      EXPECT_EQ(got, std::set<std::vector<std::int64_t>>(expected.begin(), expected.end()));
+    }
+    EXPECT_EQ(workers_used.size(), p.workers);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Matrix,
+                         ExactlyOnce,
+                         ::testing::Values(MatrixCase{1, true, false},
+                                           MatrixCase{1, false, true},
+                                           MatrixCase{2, true, false},
+                                           MatrixCase{2, true, true},
+                                           MatrixCase{2, false, false},
+                                           MatrixCase{2, false, true},
+                                           MatrixCase{4, true, false},
+                                           MatrixCase{4, true, true},
+                                           MatrixCase{4, false, false},
+                                           MatrixCase{4, false, true},
+                                           MatrixCase{1, true, true},
+                                           MatrixCase{1, false, false}),
+                         name_of);
+
+TEST(MultiProcess, BatchesAreBitwiseIdenticalToInProcessLoading) {
+  auto dataset = std::make_shared<LedgerDataset>(97, 64);
+  for (std::size_t workers : {1u, 3u}) {
+    DataLoader reference(dataset, {.batch_size = 5, .shuffle = true, .seed = 4});
+    DataLoader multi(dataset,
+                     {.batch_size = 5, .shuffle = true, .num_workers = workers, .seed = 4});
+    for (int epoch = 0; epoch < 2; ++epoch) {
+      auto a = reference.begin();
+      auto b = multi.begin();
+      std::size_t n = 0;
+      for (; a != reference.end(); ++a, ++b, ++n) {
+        ASSERT_FALSE(b == multi.end());
+        EXPECT_EQ(a->indices(), b->indices());
+        for (const char* name : {"payload", "index", "epoch", "noise"}) {
+          EXPECT_TRUE((*a)[name].equal((*b)[name])) << name << " batch " << n;
+        }
+      }
+      EXPECT_TRUE(b == multi.end());
+    }
+  }
+}
+
+TEST(MultiProcess, BatchesPointIntoSharedMemoryWithoutACopy) {
+  DataLoader loader(std::make_shared<LedgerDataset>(16, 4096), {.batch_size = 4, .num_workers = 1});
+  auto it = loader.begin();
+  const Batch& b = *it;
+  // All fields of a batch live in one segment: their data pointers are close together.
+  const auto base = reinterpret_cast<std::uintptr_t>(b["payload"].data_ptr());
+  const auto other = reinterpret_cast<std::uintptr_t>(b["index"].data_ptr());
+  EXPECT_LT(other - base, 4u * 4096 + 4096);
+  EXPECT_EQ(base % 64, 0u);
+}
+
+TEST(MultiProcess, HeldBatchesStayIntactWhileTheLoaderGoesOnAndAfterItIsGone) {
+  // RELIABILITY row 32: keep every batch, keep reading, then check every kept byte.
+  std::vector<Batch> kept;
+  {
+    DataLoader loader(std::make_shared<LedgerDataset>(300, 512),
+                      {.batch_size = 3, .num_workers = 2, .persistent_workers = true});
+    for (int epoch = 0; epoch < 2; ++epoch) {
+      for (auto& batch : loader) kept.push_back(batch);
+    }
+  }
+  ASSERT_EQ(kept.size(), 200u);
+  for (const Batch& batch : kept) {
+    for (std::size_t r = 0; r < batch.size(); ++r) {
+      ASSERT_EQ(LedgerDataset::check_row(batch["payload"], static_cast<std::int64_t>(r),
+                                         batch.indices()[r], batch.epoch()),
+                "");
+    }
+  }
+}
+
+TEST(MultiProcess, SegmentsAreRecycledWhenBatchesAreReleased) {
+  // With batches released as they go, a worker needs at most a handful of segments: the memfds
+  // this process maps stay bounded over many batches.
+  DataLoader loader(std::make_shared<LedgerDataset>(2000, 1024),
+                    {.batch_size = 4, .num_workers = 2});
+  std::size_t n = 0;
+  for (auto& batch : loader) n += batch.size();
+  EXPECT_EQ(n, 2000u);
+}
+
+TEST(MultiProcess, PersistentWorkersKeepTheirPidsAcrossEpochs) {
+  DataLoader loader(std::make_shared<LedgerDataset>(40),
+                    {.batch_size = 4, .num_workers = 2, .persistent_workers = true});
+  std::set<std::int64_t> pids[3];
+  for (int epoch = 0; epoch < 3; ++epoch) {
+    for (auto& batch : loader) {
+      for (std::int64_t r = 0; r < batch["pid"].size(0); ++r)
+        pids[epoch].insert(batch["pid"][r].item<std::int64_t>());
+    }
+  }
+  EXPECT_EQ(pids[0].size(), 2u);
+  EXPECT_EQ(pids[0], pids[1]);
+  EXPECT_EQ(pids[1], pids[2]);
+}
+
+TEST(MultiProcess, TransientWorkersAreNewEachEpoch) {
+  DataLoader loader(std::make_shared<LedgerDataset>(8), {.batch_size = 4, .num_workers = 1});
+  std::set<std::int64_t> pids;
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    for (auto& batch : loader) pids.insert(batch["pid"][0].item<std::int64_t>());
+  }
+  EXPECT_EQ(pids.size(), 2u);
+}
+
+TEST(MultiProcess, BreakMidEpochThenTheNextEpochIsExactlyOnceWithNoStaleBatch) {
+  // RELIABILITY row 10 with persistent workers: prefetched batches of the broken-off epoch
+  // never leak into the next one.
+  auto dataset = std::make_shared<LedgerDataset>(64, 64, 200);
+  DataLoader loader(dataset, {.batch_size = 2,
+                              .shuffle = true,
+                              .num_workers = 3,
+                              .prefetch_factor = 4,
+                              .persistent_workers = true,
+                              .seed = 1});
+  for (int round = 0; round < 3; ++round) {
+    for (auto& batch : loader) {
+      (void)batch;
+      break;  // prefetch is full of this epoch's batches
+    }
+    std::vector<int> seen(64, 0);
+    const std::uint64_t epoch = loader.epoch();
+    for (auto& batch : loader) {
+      ASSERT_EQ(batch.epoch(), epoch);
+      for (std::int64_t r = 0; r < batch["epoch"].size(0); ++r) {
+        ASSERT_EQ(batch["epoch"][r].item<std::int64_t>(), static_cast<std::int64_t>(epoch));
+        ++seen[static_cast<std::size_t>(batch["index"][r].item<std::int64_t>())];
+      }
+    }
+    for (int s : seen) ASSERT_EQ(s, 1);
+  }
+}
+
+TEST(MultiProcess, WorkerInitFnRunsOncePerWorkerInTheWorker) {
+  // Each worker writes its id into a pipe from worker_init_fn.
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  {
+    DataLoader loader(std::make_shared<LedgerDataset>(30),
+                      {.batch_size = 2,
+                       .num_workers = 3,
+                       .persistent_workers = true,
+                       .worker_init_fn = [w = fds[1]](std::size_t id) {
+                         const char c = static_cast<char>('0' + id);
+                         (void)!::write(w, &c, 1);
+                       }});
+    for (int epoch = 0; epoch < 2; ++epoch) {
+      for (auto& batch : loader) (void)batch;
+    }
+  }  // the workers, which hold the pipe's write end too, are gone
+  ::close(fds[1]);
+  std::multiset<char> ids;
+  char c;
+  while (::read(fds[0], &c, 1) == 1) ids.insert(c);
+  ::close(fds[0]);
+  EXPECT_EQ(ids, (std::multiset<char>{'0', '1', '2'}));
+}
+
+TEST(MultiProcess, DatasetErrorsArriveOncePerBatchAndIterationGoesOn) {
+  // As PyTorch's test_error_workers: 41 samples that all fail, batch 2, 4 workers: 21 errors.
+  auto dataset = std::make_shared<testing::FailingDataset>(41, 0, 41);
+  DataLoader loader(dataset, {.batch_size = 2, .num_workers = 4});
+  int errors = 0;
+  auto it = loader.begin();
+  for (; it != loader.end(); ++it) {
+    try {
+      (void)*it;
+    } catch (const WorkerError& e) {
+      ++errors;
+      EXPECT_EQ(e.failure().type_name, "std::runtime_error");
+      EXPECT_THAT(e.what(), HasSubstr("cannot load sample"));
+      EXPECT_GT(e.failure().pid, 0);
+    }
+  }
+  EXPECT_EQ(errors, 21);
+}
+
+TEST(MultiProcess, AWorkerErrorNamesWorkerPidIndexBatchAndType) {
+  DataLoader loader(std::make_shared<testing::FailingDataset>(12, 7, 8),
+                    {.batch_size = 4, .num_workers = 2});
+  auto it = loader.begin();
+  ++it;  // batch 1 holds index 7
+  try {
+    (void)*it;
+    FAIL() << "expected a WorkerError";
+  } catch (const WorkerError& e) {
+    EXPECT_EQ(e.failure().index, 7);
+    EXPECT_EQ(e.failure().batch, 1);
+    EXPECT_THAT(e.what(), HasSubstr("raised std::runtime_error loading index 7 of batch 1"));
+    EXPECT_THAT(e.what(), HasSubstr("cannot load sample 7"));
+    EXPECT_THAT(e.what(), HasSubstr("(pid " + std::to_string(e.failure().pid) + ")"));
+  }
+  ++it;
+  EXPECT_EQ(it->indices(), (std::vector<std::int64_t>{8, 9, 10, 11}));
+}
+
+TEST(MultiProcess, CollateMismatchInAWorkerIsABatchError) {
+  class Ragged : public Dataset {
+   public:
+    std::size_t size() const override { return 4; }
+    Example get(std::size_t i, SampleContext&) const override {
+      return {{"x", torch::zeros({static_cast<std::int64_t>(i % 2 + 1)})}};
+    }
+  };
+  DataLoader loader(std::make_shared<Ragged>(), {.batch_size = 2, .num_workers = 1});
+  auto it = loader.begin();
+  EXPECT_THAT([&] { (void)*it; },
+              ThrowsMessage<WorkerError>(HasSubstr("ferry::CollateError collating batch 0")));
+}
+
+TEST(MultiProcess, UserCollateRunsInTheWorker) {
+  CollateFn collate = [](std::vector<Example> samples) {
+    Batch b(samples.size());
+    std::vector<std::string> tags;
+    torch::Tensor sum = torch::zeros({1}, torch::kLong);
+    for (const auto& s : samples) {
+      sum += s["index"].to_int();
+      tags.push_back("pid" + std::to_string(::getpid()));
+    }
+    b.set("sum", sum);
+    b.set("tag", tags);
+    return b;
+  };
+  DataLoader loader(std::make_shared<RangeDataset>(10), {.batch_size = 5, .num_workers = 2},
+                    collate);
+  std::vector<std::int64_t> sums;
+  for (auto& batch : loader) {
+    sums.push_back(batch["sum"].item<std::int64_t>());
+    EXPECT_NE(batch.strings("tag")[0], "pid" + std::to_string(::getpid()));
+  }
+  EXPECT_EQ(sums, (std::vector<std::int64_t>{10, 35}));
+}
+
+TEST(MultiProcess, StringFieldsTravel) {
+  class Named : public Dataset {
+   public:
+    std::size_t size() const override { return 6; }
+    Example get(std::size_t i, SampleContext&) const override {
+      return {{"path", "img" + std::to_string(i) + ".jpg"}, {"label", i}};
+    }
+  };
+  DataLoader loader(std::make_shared<Named>(), {.batch_size = 3, .num_workers = 2});
+  std::vector<std::string> paths;
+  for (auto& batch : loader) {
+    for (const auto& p : batch.strings("path")) paths.push_back(p);
+  }
+  EXPECT_EQ(paths, (std::vector<std::string>{"img0.jpg", "img1.jpg", "img2.jpg", "img3.jpg",
+                                             "img4.jpg", "img5.jpg"}));
+}
+
+TEST(MultiProcess, IterableDatasetEachWorkerRunsItsOwnStream) {
+  for (std::size_t workers : {1u, 2u, 3u}) {
+    for (bool in_order : {true, false}) {
+      DataLoader loader(std::make_shared<CountingStream>(23),
+                        {.batch_size = 4, .num_workers = workers, .in_order = in_order});
+      std::multiset<std::int64_t> values;
+      for (auto& batch : loader) {
+        const auto v = batch["value"];
+        for (std::int64_t i = 0; i < v.size(0); ++i) values.insert(v[i].item<std::int64_t>());
+      }
+      std::multiset<std::int64_t> expected;
+      for (std::int64_t i = 0; i < 23; ++i) expected.insert(i);
+      EXPECT_EQ(values, expected) << workers << " workers";
+    }
+  }
+}
+
+TEST(MultiProcess, IterableDatasetOrderIsTheSameFromRunToRun) {
+  auto run = [] {
+    DataLoader loader(std::make_shared<CountingStream>(30),
+                      {.batch_size = 3, .num_workers = 3, .seed = 2});
+    std::vector<std::int64_t> values;
+    for (auto& batch : loader) {
+      const auto v = batch["value"];
+      for (std::int64_t i = 0; i < v.size(0); ++i) values.push_back(v[i].item<std::int64_t>());
+    }
+    return values;
+  };
+  const auto first = run();
+  EXPECT_EQ(first.size(), 30u);
+  EXPECT_EQ(run(), first);
+}
+
+TEST(MultiProcess, IterableDatasetWithEmptyShardsAndPersistentWorkers) {
+  // RELIABILITY row 16: 2 items over 4 workers leaves two streams empty.
+  DataLoader loader(std::make_shared<CountingStream>(2),
+                    {.batch_size = 1, .num_workers = 4, .persistent_workers = true});
+  for (int epoch = 0; epoch < 3; ++epoch) {
+    std::size_t n = 0;
+    for (auto& batch : loader) n += batch.size();
+    EXPECT_EQ(n, 2u);
+  }
+}
+
+TEST(MultiProcess, EmptyDatasetAndBatchLargerThanTheDataset) {
+  DataLoader empty(std::make_shared<RangeDataset>(0), {.batch_size = 4, .num_workers = 2});
+  EXPECT_TRUE(empty.begin() == empty.end());
+  DataLoader big(std::make_shared<RangeDataset>(5), {.batch_size = 8, .num_workers = 2});
+  std::size_t batches = 0;
+  for (auto& batch : big) {
+    EXPECT_EQ(batch.size(), 5u);
+    ++batches;
+  }
+  EXPECT_EQ(batches, 1u);
+  DataLoader dropped(std::make_shared<RangeDataset>(5),
+                     {.batch_size = 8, .num_workers = 2, .drop_last = true});
+  EXPECT_TRUE(dropped.begin() == dropped.end());
+}
+
+TEST(MultiProcess, AMillionIndexBatchTravels) {
+  // RELIABILITY row 14: index messages far larger than a socket buffer.
+  class Empty : public Dataset {
+   public:
+    std::size_t size() const override { return 1'000'000; }
+    Example get(std::size_t i, SampleContext&) const override { return {{"i", i}}; }
+  };
+  DataLoader loader(std::make_shared<Empty>(), {.batch_size = 1'000'000, .num_workers = 1});
+  auto it = loader.begin();
+  EXPECT_EQ(it->size(), 1'000'000u);
+  EXPECT_EQ((*it)["i"][999'999].item<std::int64_t>(), 999'999);
+}
+
+TEST(MultiProcess, LoaderCreatedOnAShortLivedThreadKeepsItsWorkers) {
+  // PR_SET_PDEATHSIG fires when the forking thread exits: ferry forks from its own thread.
+  std::unique_ptr<DataLoader> loader;
+  std::thread([&] {
+    loader = std::make_unique<DataLoader>(
+        std::make_shared<LedgerDataset>(40),
+        DataLoaderOptions{.batch_size = 4, .num_workers = 2, .persistent_workers = true});
+    for (auto& batch : *loader) (void)batch;  // workers started on this thread
+  }).join();
+  std::size_t n = 0;
+  for (auto& batch : *loader) n += batch.size();
+  EXPECT_EQ(n, 40u);
+}
+
+TEST(MultiProcess, ManyLoadersInterleaved) {
+  // RELIABILITY row 26: 8 loaders x 4 workers, interleaved, destroyed in a scrambled order.
+  std::vector<std::unique_ptr<DataLoader>> loaders;
+  std::vector<DataLoader::Iterator> its;
+  for (int i = 0; i < 8; ++i) {
+    loaders.push_back(
+        std::make_unique<DataLoader>(std::make_shared<LedgerDataset>(40, 64),
+                                     DataLoaderOptions{.batch_size = 4, .num_workers = 4}));
+    its.push_back(loaders.back()->begin());
+  }
+  std::vector<std::size_t> counts(8, 0);
+  bool progress = true;
+  while (progress) {
+    progress = false;
+    for (int i = 0; i < 8; ++i) {
+      if (its[i] == loaders[i]->end()) continue;
+      for (std::size_t r = 0; r < its[i]->size(); ++r) {
+        ASSERT_EQ(LedgerDataset::check_row((*its[i])["payload"], static_cast<std::int64_t>(r),
+                                           its[i]->indices()[r], 0),
+                  "");
+      }
+      counts[i] += its[i]->size();
+      ++its[i];
+      progress = true;
+    }
+  }
+  for (auto c : counts) EXPECT_EQ(c, 40u);
+  its.clear();
+  for (int i : {3, 0, 7, 1, 5, 2, 6, 4}) loaders[static_cast<std::size_t>(i)].reset();
+}
+
+TEST(MultiProcess, StartMethodsOtherThanForkAreRefusedForNow) {
+  EXPECT_THAT(
+      [] {
+        DataLoader(std::make_shared<RangeDataset>(4),
+                   {.num_workers = 1, .start_method = StartMethod::kSpawn});
+      },
+      ThrowsMessage<ConfigError>(HasSubstr("use start_method=fork")));
+}
+
+}  // namespace
+}  // namespace ferry

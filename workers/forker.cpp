@@ -1,0 +1,128 @@
+#include "workers/forker.h"
+
+#include <pthread.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <future>
+#include <mutex>
+#include <set>
+#include <system_error>
+#include <thread>
+
+namespace ferry::workers {
+
+namespace {
+
+// Leaked on purpose: usable until the very end of the process. A process forked by the
+// application (not by ferry) gets a fresh mutex and no forker thread (threads do not survive
+// fork), so it starts its own forker on first use instead of waiting on one that is not there.
+std::mutex* g_registry_mutex = nullptr;
+class Forker;
+Forker* g_forker = nullptr;
+
+void after_fork_in_child() {
+  g_registry_mutex = new std::mutex;
+  g_forker = nullptr;
+}
+
+std::mutex& registry_mutex() {
+  static const bool installed = [] {
+    g_registry_mutex = new std::mutex;
+    ::pthread_atfork(nullptr, nullptr, after_fork_in_child);
+    return true;
+  }();
+  (void)installed;
+  return *g_registry_mutex;
+}
+std::set<int>& registry() {
+  static auto* s = new std::set<int>;
+  return *s;
+}
+
+struct ForkRequest {
+  std::function<void()> child_main;
+  std::vector<ipc::UniqueFd> close_after_fork;
+  std::promise<pid_t> result;
+};
+
+class Forker {
+ public:
+  static Forker& instance() {
+    static std::mutex creation;
+    (void)registry_mutex();  // installs the fork handler first
+    std::lock_guard<std::mutex> lock(creation);
+    if (g_forker == nullptr) g_forker = new Forker;  // leaked: its thread lives with the process
+    return *g_forker;
+  }
+
+  pid_t fork(std::function<void()> child_main, std::vector<ipc::UniqueFd> close_after_fork) {
+    ForkRequest request{std::move(child_main), std::move(close_after_fork), {}};
+    auto future = request.result.get_future();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      queue_.push_back(&request);
+    }
+    cv_.notify_one();
+    return future.get();
+  }
+
+ private:
+  Forker() : thread_([this] { run(); }) { thread_.detach(); }
+
+  void run() {
+    for (;;) {
+      ForkRequest* request;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        cv_.wait(lock, [this] { return !queue_.empty(); });
+        request = queue_.front();
+        queue_.pop_front();
+      }
+      // Hold the registry while forking, so the child's snapshot is exact. The child never
+      // touches the (copied, locked) mutex: it uses the set as it was at fork time.
+      std::unique_lock<std::mutex> registry_lock(registry_mutex());
+      const pid_t pid = ::fork();
+      if (pid == 0) {
+        for (const int fd : registry()) (void)::close(fd);
+        request->child_main();
+        ::_exit(0);  // child_main must not return; never run the parent's atexit handlers
+      }
+      const int fork_errno = errno;
+      registry_lock.unlock();
+      request->close_after_fork.clear();
+      if (pid < 0) {
+        request->result.set_exception(std::make_exception_ptr(std::system_error(
+            fork_errno, std::generic_category(), "fork() of a DataLoader worker")));
+      } else {
+        request->result.set_value(pid);
+      }
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<ForkRequest*> queue_;
+  std::thread thread_;
+};
+
+}  // namespace
+
+void register_parent_only_fd(int fd) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  registry().insert(fd);
+}
+
+void unregister_parent_only_fd(int fd) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  registry().erase(fd);
+}
+
+pid_t fork_worker(std::function<void()> child_main, std::vector<ipc::UniqueFd> close_after_fork) {
+  return Forker::instance().fork(std::move(child_main), std::move(close_after_fork));
+}
+
+}  // namespace ferry::workers

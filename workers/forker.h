@@ -1,0 +1,26 @@
+#pragma once
+
+#include <sys/types.h>
+
+#include <functional>
+#include <vector>
+
+#include "ipc/unique_fd.h"
+
+namespace ferry::workers {
+
+// Descriptors of the main process that no worker may keep: the loader's ends of every channel
+// and its wake-up fds. A forked worker closes all of them first thing, so a worker of loader B
+// never holds loader A's channels open (A's workers would never see EOF) (RELIABILITY row 26).
+void register_parent_only_fd(int fd);
+void unregister_parent_only_fd(int fd);
+
+// Forks a worker from one long-lived internal thread. PR_SET_PDEATHSIG fires when the thread
+// that forked exits, so forking from the caller's thread would kill the workers of a loader
+// created on a short-lived thread; forking from this thread makes the signal mean "the process
+// died". In the child: the parent-only descriptors are closed, then `child_main` runs and must
+// not return. In the parent: `close_after_fork` (the child's ends of its channels) is closed
+// before any other fork can happen. Returns the child's pid; throws std::system_error.
+pid_t fork_worker(std::function<void()> child_main, std::vector<ipc::UniqueFd> close_after_fork);
+
+}  // namespace ferry::workers

@@ -1,0 +1,288 @@
+#include "workers/worker_loop.h"
+
+#include <cxxabi.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <optional>
+#include <string>
+
+#include <ATen/Parallel.h>
+
+#include "collate/batch_layout.h"
+#include "ipc/protocol.h"
+#include "workers/fetch.h"
+#include "workers/segment_pool.h"
+
+namespace ferry::workers {
+
+namespace {
+
+// Written from the fatal-signal handler: prepared beforehand, only write() at crash time.
+char g_crash_prefix[96];
+std::size_t g_crash_prefix_len = 0;
+
+void on_fatal_signal(int signal) {
+  (void)!::write(STDERR_FILENO, g_crash_prefix, g_crash_prefix_len);
+  const char* name = ::sigabbrev_np(signal);
+  if (name != nullptr) {
+    (void)!::write(STDERR_FILENO, "SIG", 3);
+    (void)!::write(STDERR_FILENO, name, std::strlen(name));
+  }
+  (void)!::write(STDERR_FILENO, "\n", 1);
+  ::signal(signal, SIG_DFL);  // re-raise, so the parent sees the real signal
+  ::raise(signal);
+}
+
+void install_process_settings(const WorkerSpec& spec) {
+  at::set_num_threads(1);
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != spec.parent_pid) ::_exit(0);  // the parent died before prctl took effect
+  ::signal(SIGINT, SIG_IGN);                       // Ctrl-C is the main process's decision
+  ::signal(SIGPIPE, SIG_IGN);
+  g_crash_prefix_len = static_cast<std::size_t>(std::snprintf(
+      g_crash_prefix, sizeof g_crash_prefix, "ferry: DataLoader worker %zu (pid %d) got a fatal ",
+      spec.worker_id, static_cast<int>(::getpid())));
+  g_crash_prefix_len = std::min(g_crash_prefix_len, sizeof g_crash_prefix - 1);
+  for (const int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) ::signal(sig, on_fatal_signal);
+}
+
+class Worker {
+ public:
+  Worker(const WorkerSpec& spec, ipc::Channel index, ipc::Channel data)
+      : spec_(spec),
+        index_(std::move(index)),
+        data_(std::move(data)),
+        pool_(spec.worker_id, spec.keep_free_segments),
+        who_{spec.worker_id, spec.num_workers, spec.base_seed} {}
+
+  [[noreturn]] void run() {
+    if (spec_.worker_init_fn) {
+      try {
+        spec_.worker_init_fn(spec_.worker_id);
+      } catch (...) {
+        fatal(0, "worker_init_fn(" + std::to_string(spec_.worker_id) + ") failed: ");
+      }
+    }
+    std::vector<std::byte> bytes;
+    std::vector<ipc::UniqueFd> fds;
+    for (;;) {
+      fds.clear();
+      bool got = false;
+      try {
+        got = index_.receive(bytes, fds);
+      } catch (...) {
+        fatal(0, "the index channel failed: ");
+      }
+      if (!got) exit_now(0);  // the main process closed its end: shut down
+      ipc::IndexMessage message;
+      try {
+        message = ipc::decode_index(bytes);
+      } catch (...) {
+        fatal(0, "a malformed message arrived on the index channel: ");
+      }
+      if (auto* task = std::get_if<ipc::TaskMessage>(&message)) {
+        handle(*task);
+      } else if (auto* recycle = std::get_if<ipc::RecycleMessage>(&message)) {
+        pool_.release(recycle->segment_id);
+      } else if (auto* epoch = std::get_if<ipc::NewEpochMessage>(&message)) {
+        if (stream_epoch_ != epoch->epoch) stream_.reset();
+      } else {
+        exit_now(0);
+      }
+    }
+  }
+
+ private:
+  void handle(const ipc::TaskMessage& task) {
+    std::vector<Example> samples;
+    std::int64_t failing_index = -1;
+    try {
+      if (spec_.dataset) {
+        samples.reserve(task.indices.size());
+        for (const std::int64_t index : task.indices) {
+          failing_index = index;
+          auto one = fetch_samples(*spec_.dataset, std::span<const std::int64_t>(&index, 1),
+                                   task.epoch, who_);
+          samples.push_back(std::move(one.front()));
+        }
+        failing_index = -1;
+      } else if (!read_stream(task, samples)) {
+        return;
+      }
+      send_batch(task, std::move(samples));
+    } catch (...) {
+      ipc::SampleErrorMessage error;
+      error.epoch = task.epoch;
+      error.sequence = task.sequence;
+      error.index = failing_index;
+      error.type_name = current_exception_type_name();
+      error.message = current_message();
+      send(ipc::DataMessage(std::move(error)));
+    }
+  }
+
+  // Reads the next batch of this worker's stream; false (after telling the main process) when
+  // the stream has ended with nothing more to send.
+  bool read_stream(const ipc::TaskMessage& task, std::vector<Example>& samples) {
+    if (!stream_ || stream_epoch_ != task.epoch) {
+      SampleContext ctx = SampleContext::for_stream(spec_.base_seed, task.epoch, -1,
+                                                    spec_.worker_id, spec_.num_workers);
+      try {
+        stream_ = spec_.iterable->stream(ctx);
+      } catch (...) {
+        fatal(task.epoch, "IterableDataset::stream() failed: ");
+      }
+      stream_epoch_ = task.epoch;
+      stream_position_ = 0;
+      stream_ended_ = stream_ == nullptr;
+    }
+    while (!stream_ended_ && samples.size() < spec_.batch_size) {
+      SampleContext ctx = SampleContext::for_stream(spec_.base_seed, task.epoch,
+                                                    static_cast<std::int64_t>(stream_position_),
+                                                    spec_.worker_id, spec_.num_workers);
+      std::optional<Example> example = stream_->next(ctx);
+      if (!example) {
+        stream_ended_ = true;
+        break;
+      }
+      example->set_index(static_cast<std::int64_t>(stream_position_++));
+      samples.push_back(std::move(*example));
+    }
+    if (samples.empty() || (samples.size() < spec_.batch_size && spec_.drop_last)) {
+      send(ipc::DataMessage(ipc::StreamEndMessage{task.epoch, task.sequence}));
+      return false;
+    }
+    return true;
+  }
+
+  void send_batch(const ipc::TaskMessage& task, std::vector<Example> samples) {
+    ipc::BatchReadyMessage ready;
+    ready.epoch = task.epoch;
+    ready.sequence = task.sequence;
+    ready.indices.reserve(samples.size());
+    for (const Example& s : samples) ready.indices.push_back(s.index());
+
+    collate::BatchLayout layout;
+    std::optional<Batch> user_batch;
+    if (spec_.collate_fn) {
+      user_batch = spec_.collate_fn(std::move(samples));
+      layout = collate::plan_batch(*user_batch);
+    } else {
+      layout = collate::plan_batch(samples);
+    }
+    const SegmentPool::Lease lease = pool_.acquire(layout.total_bytes);
+    if (user_batch) {
+      collate::write_batch(*user_batch, layout, lease.data);
+    } else {
+      collate::write_batch(samples, layout, lease.data);
+    }
+    ready.segment_id = lease.id;
+    ready.segment_size = lease.size;
+    ready.num_samples = static_cast<std::uint32_t>(layout.num_samples);
+    for (const collate::FieldLayout& f : layout.fields) {
+      ipc::FieldMeta meta;
+      meta.name = f.name;
+      meta.kind = static_cast<std::uint8_t>(f.kind);
+      meta.sizes = f.sizes;
+      meta.offset = f.offset;
+      meta.nbytes = f.nbytes;
+      if (f.kind == collate::FieldKind::kString) {
+        meta.strings = user_batch ? user_batch->strings(f.name) : strings_of(samples, f.name);
+      } else {
+        meta.dtype = static_cast<std::int8_t>(f.dtype);
+      }
+      ready.fields.push_back(std::move(meta));
+    }
+    ready.retired_segments = pool_.take_retired();
+    const int fd = lease.fd_to_send;
+    send(ipc::DataMessage(std::move(ready)), fd);
+    if (fd >= 0) pool_.sent(lease.id);
+  }
+
+  static std::vector<std::string> strings_of(const std::vector<Example>& samples,
+                                             const std::string& name) {
+    std::vector<std::string> out;
+    out.reserve(samples.size());
+    for (const Example& s : samples) out.push_back(s[name].str());
+    return out;
+  }
+
+  void send(const ipc::DataMessage& message, int fd = -1) {
+    const auto bytes = ipc::encode(message);
+    const int fds[1] = {fd};
+    const auto result =
+        data_.send(bytes, fd >= 0 ? std::span<const int>(fds, 1) : std::span<const int>());
+    if (result != ipc::Channel::SendResult::kSent) exit_now(0);  // the main process is gone
+  }
+
+  [[noreturn]] void fatal(std::uint64_t epoch, const std::string& context) {
+    ipc::WorkerErrorMessage error;
+    error.epoch = epoch;
+    error.type_name = current_exception_type_name();
+    error.message = context + current_message();
+    try {
+      send(ipc::DataMessage(std::move(error)));
+    } catch (...) {
+    }
+    exit_now(1);
+  }
+
+  static std::string current_message() {
+    try {
+      throw;
+    } catch (const std::exception& e) {
+      return e.what();
+    } catch (...) {
+      return "(an exception not derived from std::exception)";
+    }
+  }
+
+  [[noreturn]] static void exit_now(int code) {
+    std::fflush(stdout);
+    std::fflush(stderr);
+    ::_exit(code);  // never the parent's atexit handlers or static destructors
+  }
+
+  const WorkerSpec& spec_;
+  ipc::Channel index_;
+  ipc::Channel data_;
+  SegmentPool pool_;
+  WorkerIdentity who_;
+  std::unique_ptr<ExampleStream> stream_;
+  std::uint64_t stream_epoch_ = ~0ULL;
+  std::size_t stream_position_ = 0;
+  bool stream_ended_ = false;
+};
+
+}  // namespace
+
+std::string current_exception_type_name() {
+  const std::type_info* type = abi::__cxa_current_exception_type();
+  if (type == nullptr) return "unknown";
+  int status = 0;
+  char* demangled = abi::__cxa_demangle(type->name(), nullptr, nullptr, &status);
+  std::string name = (status == 0 && demangled != nullptr) ? demangled : type->name();
+  std::free(demangled);
+  return name;
+}
+
+void run_worker(const WorkerSpec& spec, ipc::Channel index, ipc::Channel data) {
+  install_process_settings(spec);
+  try {
+    Worker worker(spec, std::move(index), std::move(data));
+    worker.run();
+  } catch (...) {
+    std::fprintf(stderr, "ferry: DataLoader worker %zu: unexpected error: %s\n", spec.worker_id,
+                 current_exception_type_name().c_str());
+  }
+  std::fflush(stderr);
+  ::_exit(1);
+}
+
+}  // namespace ferry::workers

@@ -1,0 +1,41 @@
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "ferry/collate.h"
+#include "ferry/dataset.h"
+
+#include "ipc/channel.h"
+
+namespace ferry::workers {
+
+// Everything a worker process needs; with fork it is simply inherited.
+struct WorkerSpec {
+  std::size_t worker_id = 0;
+  std::size_t num_workers = 1;
+  std::uint64_t base_seed = 0;
+  std::shared_ptr<const Dataset> dataset;           // map-style, or
+  std::shared_ptr<const IterableDataset> iterable;  // iterable
+  std::size_t batch_size = 1;                       // iterable datasets batch in the worker
+  bool drop_last = false;
+  CollateFn collate_fn;  // empty: default collate
+  std::function<void(std::size_t)> worker_init_fn;
+  std::size_t keep_free_segments = 2;
+  pid_t parent_pid = 0;
+};
+
+// The worker process's main loop. First thing: LibTorch to one intra-op thread (a forked child
+// that uses more after the parent ran a parallel op hangs forever with GNU OpenMP; see
+// DESIGN.md), parent-death signal, SIGINT ignored, crash messages on fatal signals. Then
+// worker_init_fn, then tasks from `index` until Stop or EOF. Never returns: exits 0 on a
+// requested stop, 1 after reporting a fatal error.
+[[noreturn]] void run_worker(const WorkerSpec& spec, ipc::Channel index, ipc::Channel data);
+
+// The C++ type of the exception being handled, demangled ("std::runtime_error").
+std::string current_exception_type_name();
+
+}  // namespace ferry::workers
