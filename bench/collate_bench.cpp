@@ -1,12 +1,16 @@
-// Collation cost in the calling thread: ferry's default_collate (one allocation, one copy per
-// sample) against torch::stack, for the `tensor` workload of the loader benchmark (64 samples of
-// float32 3x224x224, 38.5 MB a batch) and for tiny int64 samples (per-batch overhead).
+// Collation and shared-memory costs in the calling thread: ferry's default_collate (one allocation,
+// one copy per sample) against torch::stack, for the `tensor` workload of the loader benchmark (64
+// samples of float32 3x224x224, 38.5 MB a batch) and for tiny int64 samples (per-batch overhead).
 //
 //   build/bench/ferry_collate_bench --benchmark_repetitions=5 --benchmark_report_aggregates_only
+
+#include <cstring>
 
 #include <benchmark/benchmark.h>
 
 #include "ferry/collate.h"
+
+#include "ipc/shared_memory.h"
 
 namespace {
 
@@ -46,8 +50,37 @@ void BM_DefaultCollateScalar(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(ferry::default_collate(samples));
 }
 
+// What one batch of the `tensor` workload costs to write into shared memory: a fresh segment
+// (memfd, fallocate, map, write: the first batches of an epoch) against a recycled one (write
+// only: every batch after that, once the training loop hands segments back).
+constexpr std::size_t kBatchBytes = 64ull * 3 * 224 * 224 * 4;
+
+void BM_FreshSegmentWrite(benchmark::State& state) {
+  std::vector<std::byte> source(kBatchBytes, std::byte{1});
+  for (auto _ : state) {
+    auto memory = ferry::ipc::SharedMemory::create(kBatchBytes, "bench");
+    auto mapping = ferry::ipc::MappedRegion::map_shared(memory.fd(), kBatchBytes, false);
+    std::memcpy(mapping.data(), source.data(), kBatchBytes);
+    benchmark::DoNotOptimize(mapping.data());
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * kBatchBytes));
+}
+
+void BM_RecycledSegmentWrite(benchmark::State& state) {
+  std::vector<std::byte> source(kBatchBytes, std::byte{1});
+  auto memory = ferry::ipc::SharedMemory::create(kBatchBytes, "bench");
+  auto mapping = ferry::ipc::MappedRegion::map_shared(memory.fd(), kBatchBytes, false);
+  for (auto _ : state) {
+    std::memcpy(mapping.data(), source.data(), kBatchBytes);
+    benchmark::DoNotOptimize(mapping.data());
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * kBatchBytes));
+}
+
 }  // namespace
 
+BENCHMARK(BM_FreshSegmentWrite)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_RecycledSegmentWrite)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_DefaultCollateImages)->Arg(64)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_TorchStackImages)->Arg(64)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_DefaultCollateScalar)->Unit(benchmark::kMicrosecond);

@@ -1,6 +1,7 @@
 #include "workers/forker.h"
 
 #include <pthread.h>
+#include <stdio_ext.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -87,6 +88,9 @@ class Forker {
       std::unique_lock<std::mutex> registry_lock(registry_mutex());
       const pid_t pid = ::fork();
       if (pid == 0) {
+        // Output the parent buffered but had not written yet is the parent's to write.
+        ::__fpurge(stdout);
+        ::__fpurge(stderr);
         for (const int fd : registry()) (void)::close(fd);
         request->child_main();
         ::_exit(0);  // child_main must not return; never run the parent's atexit handlers

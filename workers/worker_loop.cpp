@@ -1,6 +1,7 @@
 #include "workers/worker_loop.h"
 
 #include <cxxabi.h>
+#include <malloc.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <unistd.h>
@@ -23,6 +24,9 @@ namespace ferry::workers {
 
 namespace {
 
+// How long an idle worker polls for its next task before it sleeps (see Channel).
+constexpr std::chrono::microseconds kSpinBeforeSleep{50};
+
 // Written from the fatal-signal handler: prepared beforehand, only write() at crash time.
 char g_crash_prefix[96];
 std::size_t g_crash_prefix_len = 0;
@@ -41,6 +45,12 @@ void on_fatal_signal(int signal) {
 
 void install_process_settings(const WorkerSpec& spec) {
   at::set_num_threads(1);
+  // A worker allocates and frees the same large sample buffers batch after batch. glibc would
+  // hand them back to the kernel each time (mmap for blocks over 128 KiB, heap trimming), so
+  // every batch would page-fault its samples in again; keep them instead. A worker's memory
+  // then stays at its peak working set, which it needs again for the next batch anyway.
+  ::mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  ::mallopt(M_TRIM_THRESHOLD, 512 << 20);
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != spec.parent_pid) ::_exit(0);  // the parent died before prctl took effect
   ::signal(SIGINT, SIG_IGN);                       // Ctrl-C is the main process's decision
@@ -75,6 +85,7 @@ class Worker {
       fds.clear();
       bool got = false;
       try {
+        if (spec_.spin) (void)index_.spin_until_readable(kSpinBeforeSleep);
         got = index_.receive(bytes, fds);
       } catch (...) {
         fatal(0, "the index channel failed: ");
@@ -87,9 +98,10 @@ class Worker {
         fatal(0, "a malformed message arrived on the index channel: ");
       }
       if (auto* task = std::get_if<ipc::TaskMessage>(&message)) {
+        for (const auto id : task->recycled) pool_.release(id);
         handle(*task);
       } else if (auto* recycle = std::get_if<ipc::RecycleMessage>(&message)) {
-        pool_.release(recycle->segment_id);
+        for (const auto id : recycle->segment_ids) pool_.release(id);
       } else if (auto* epoch = std::get_if<ipc::NewEpochMessage>(&message)) {
         if (stream_epoch_ != epoch->epoch) stream_.reset();
       } else {

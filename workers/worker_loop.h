@@ -25,6 +25,7 @@ struct WorkerSpec {
   CollateFn collate_fn;  // empty: default collate
   std::function<void(std::size_t)> worker_init_fn;
   std::size_t keep_free_segments = 2;
+  bool spin = false;  // poll briefly before sleeping (when workers and main each have a core)
   pid_t parent_pid = 0;
 };
 

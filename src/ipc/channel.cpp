@@ -96,11 +96,12 @@ Channel::SendResult Channel::send(std::span<const std::byte> message,
 
 bool Channel::receive(std::vector<std::byte>& message, std::vector<UniqueFd>& fds) {
   message.clear();
-  std::vector<std::byte> packet(kPacketBytes);
+  if (!packet_) packet_ = std::make_unique_for_overwrite<std::byte[]>(kPacketBytes);
+  std::byte* packet = packet_.get();
   std::size_t expected = 0;
   bool first = true;
   while (first || message.size() < expected) {
-    iovec iov{packet.data(), packet.size()};
+    iovec iov{packet, kPacketBytes};
     msghdr msg{};
     msg.msg_iov = &iov;
     msg.msg_iovlen = 1;
@@ -134,19 +135,26 @@ bool Channel::receive(std::vector<std::byte>& message, std::vector<UniqueFd>& fd
     if (first) {
       std::uint32_t magic = 0, total = 0;
       if (static_cast<std::size_t>(n) < kHeaderBytes) throw Error("channel: short packet header");
-      std::memcpy(&magic, packet.data(), 4);
-      std::memcpy(&total, packet.data() + 4, 4);
+      std::memcpy(&magic, packet, 4);
+      std::memcpy(&total, packet + 4, 4);
       if (magic != kPacketMagic) throw Error("channel: bad packet magic; not a ferry peer?");
       expected = total;
       message.reserve(expected);
       offset = kHeaderBytes;
       first = false;
     }
-    message.insert(message.end(), packet.begin() + static_cast<std::ptrdiff_t>(offset),
-                   packet.begin() + n);
+    message.insert(message.end(), packet + offset, packet + n);
     if (message.size() > expected) throw Error("channel: message longer than its header says");
   }
   return true;
+}
+
+bool Channel::spin_until_readable(std::chrono::microseconds spin) const {
+  const auto until = Clock::now() + spin;
+  do {
+    if (readable_now()) return true;
+  } while (Clock::now() < until);
+  return false;
 }
 
 bool Channel::readable_now() const {

@@ -152,9 +152,10 @@ std::vector<std::byte> encode(const IndexMessage& message) {
     w.put(m->epoch);
     w.put(m->sequence);
     w.put(m->indices);
+    w.put(m->recycled);
   } else if (const auto* m = std::get_if<RecycleMessage>(&message)) {
     w.header(kRecycle);
-    w.put(m->segment_id);
+    w.put(m->segment_ids);
   } else if (const auto* m = std::get_if<NewEpochMessage>(&message)) {
     w.header(kNewEpoch);
     w.put(m->epoch);
@@ -205,11 +206,12 @@ IndexMessage decode_index(std::span<const std::byte> bytes) {
       m.epoch = r.get<std::uint64_t>("task epoch");
       m.sequence = r.get<std::uint64_t>("task sequence");
       m.indices = r.get_vector<std::int64_t>("task indices");
+      m.recycled = r.get_vector<std::uint64_t>("recycled segments");
       out = std::move(m);
       break;
     }
     case kRecycle:
-      out = RecycleMessage{r.get<std::uint64_t>("segment id")};
+      out = RecycleMessage{r.get_vector<std::uint64_t>("segment ids")};
       break;
     case kNewEpoch:
       out = NewEpochMessage{r.get<std::uint64_t>("epoch")};

@@ -20,10 +20,11 @@ inline constexpr std::uint16_t kProtocolVersion = 1;
 struct TaskMessage {  // load batch `sequence` of `epoch` (map-style: these indices)
   std::uint64_t epoch = 0;
   std::uint64_t sequence = 0;
-  std::vector<std::int64_t> indices;  // empty for an iterable dataset: "your next batch"
+  std::vector<std::int64_t> indices;    // empty for an iterable dataset: "your next batch"
+  std::vector<std::uint64_t> recycled;  // segments to reuse, riding along (saves a message)
 };
-struct RecycleMessage {  // the training loop let go of this segment: reuse it
-  std::uint64_t segment_id = 0;
+struct RecycleMessage {  // the training loop let go of these segments: reuse them
+  std::vector<std::uint64_t> segment_ids;
 };
 struct NewEpochMessage {  // persistent workers: epoch `epoch` starts (iterable: new streams)
   std::uint64_t epoch = 0;

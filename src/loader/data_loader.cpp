@@ -1,5 +1,7 @@
 #include "ferry/data_loader.h"
 
+#include <typeinfo>
+
 #include <ATen/Context.h>
 #include <c10/util/Exception.h>
 
@@ -13,6 +15,25 @@
 namespace ferry {
 
 namespace detail {
+
+EpochPlan::EpochPlan(BatchSampler& batch_sampler, std::uint64_t epoch) {
+  if (typeid(batch_sampler) == typeid(BatchSampler)) {
+    flat_ = batch_sampler.sampler()->indices(epoch);
+    batch_size_ = batch_sampler.batch_size();
+    count_ = batch_sampler.drop_last() ? flat_.size() / batch_size_
+                                       : (flat_.size() + batch_size_ - 1) / batch_size_;
+  } else {
+    lists_ = batch_sampler.batches(epoch);
+    count_ = lists_.size();
+  }
+}
+
+std::span<const std::int64_t> EpochPlan::batch(std::size_t k) const {
+  if (!lists_.empty() || flat_.empty()) return lists_.at(k);
+  const std::size_t start = k * batch_size_;
+  return std::span<const std::int64_t>(flat_).subspan(start,
+                                                      std::min(batch_size_, flat_.size() - start));
+}
 
 Batch finish_batch(Batch batch, const LoaderState& state) {
   if (state.pin) batch = batch.pin_memory();
@@ -40,14 +61,14 @@ void check_open(const LoaderState& state) {
 class InProcessMapEpoch final : public detail::EpochIterator {
  public:
   InProcessMapEpoch(std::shared_ptr<const LoaderState> state, std::uint64_t epoch)
-      : state_(std::move(state)), epoch_(epoch), batches_(state_->batch_sampler->batches(epoch)) {}
+      : state_(std::move(state)), epoch_(epoch), plan_(*state_->batch_sampler, epoch) {}
 
   std::optional<Batch> next() override {
     check_open(*state_);
-    if (position_ >= batches_.size()) return std::nullopt;
+    if (position_ >= plan_.size()) return std::nullopt;
     const std::size_t sequence = position_++;  // past this batch even if it fails
     const workers::WorkerIdentity who{0, 1, *state_->options.seed};
-    auto samples = workers::fetch_samples(*state_->dataset, batches_[sequence], epoch_, who);
+    auto samples = workers::fetch_samples(*state_->dataset, plan_.batch(sequence), epoch_, who);
     return finish_batch(
         workers::collate_samples(std::move(samples), state_->collate_fn, epoch_, sequence),
         *state_);
@@ -56,7 +77,7 @@ class InProcessMapEpoch final : public detail::EpochIterator {
  private:
   std::shared_ptr<const LoaderState> state_;
   std::uint64_t epoch_;
-  std::vector<std::vector<std::int64_t>> batches_;
+  detail::EpochPlan plan_;
   std::size_t position_ = 0;
 };
 

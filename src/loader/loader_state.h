@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <vector>
 
 #include "ferry/collate.h"
@@ -43,6 +44,22 @@ struct LoaderState {
   // Stops every worker of this loader; iterators then throw LoaderClosed. Idempotent, noexcept,
   // bounded by the shutdown grace.
   void close() noexcept;
+};
+
+// The batches of one epoch: the sampler's flat index list cut into batch_size chunks for the
+// stock BatchSampler (cheap for millions of samples), or a custom batch sampler's own lists.
+class EpochPlan {
+ public:
+  EpochPlan() = default;
+  EpochPlan(BatchSampler& batch_sampler, std::uint64_t epoch);
+  std::size_t size() const noexcept { return count_; }
+  std::span<const std::int64_t> batch(std::size_t k) const;
+
+ private:
+  std::vector<std::int64_t> flat_;
+  std::size_t batch_size_ = 1;
+  std::vector<std::vector<std::int64_t>> lists_;
+  std::size_t count_ = 0;
 };
 
 // Pinning and the device copy, applied to each batch before it reaches the training loop.

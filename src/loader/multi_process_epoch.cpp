@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <system_error>
+#include <thread>
 
 #include "ferry/error.h"
 
@@ -43,11 +44,14 @@ std::string list_indices(const std::vector<std::int64_t>& indices, std::size_t l
 }  // namespace
 
 MultiProcessEpoch::MultiProcessEpoch(std::shared_ptr<LoaderState> state, std::uint64_t epoch)
-    : state_(std::move(state)), epoch_(epoch), iterable_(state_->dataset == nullptr) {
+    : state_(std::move(state)),
+      epoch_(epoch),
+      iterable_(state_->dataset == nullptr),
+      spin_(state_->options.num_workers < std::thread::hardware_concurrency()) {
   std::lock_guard<std::mutex> lock(state_->use_mutex);
   if (state_->closed) throw LoaderClosed("DataLoader: the loader was closed");
   token_ = state_->next_token++;
-  if (!iterable_) batches_ = state_->batch_sampler->batches(epoch_);
+  if (!iterable_) plan_ = EpochPlan(*state_->batch_sampler, epoch_);
   std::erase_if(state_->pools, [](const auto& weak) { return weak.expired(); });
   if (state_->options.persistent_workers) {
     pool_ = state_->persistent_pool;
@@ -55,23 +59,35 @@ MultiProcessEpoch::MultiProcessEpoch(std::shared_ptr<LoaderState> state, std::ui
       pool_ = std::make_shared<WorkerPool>(*state_);
       state_->persistent_pool = pool_;
       state_->pools.push_back(pool_);
-    }
-    // The epoch handshake: tasks carry their epoch, and anything still in flight from an
-    // earlier epoch is recycled on arrival, never delivered.
-    const auto bytes = ipc::encode(ipc::IndexMessage(ipc::NewEpochMessage{epoch_}));
-    for (auto& w : pool_->workers) {
-      if (!w.dead && w.index.send(bytes) != ipc::Channel::SendResult::kSent) worker_died(w);
+      start_workers();
+    } else {
+      // The epoch handshake: tasks carry their epoch, and anything still in flight from an
+      // earlier epoch is recycled on arrival, never delivered; iterable streams restart.
+      const auto bytes = ipc::encode(ipc::IndexMessage(ipc::NewEpochMessage{epoch_}));
+      for (auto& w : pool_->workers) {
+        w.exhausted = false;
+        w.undelivered = 0;
+        if (!w.dead && w.index.send(bytes) != ipc::Channel::SendResult::kSent) worker_died(w);
+      }
     }
   } else {
     pool_ = std::make_shared<WorkerPool>(*state_);
     state_->pools.push_back(pool_);
-  }
-  for (auto& w : pool_->workers) {
-    w.exhausted = false;
-    w.undelivered = 0;
+    start_workers();
   }
   pool_->owner_token = token_;
   dispatch();  // prefetching starts now, as PyTorch's iterator does
+}
+
+void MultiProcessEpoch::start_workers() {
+  pool_->owner_token = token_;
+  while (!pool_->all_started()) {
+    pool_->start_worker();
+    // A map-style epoch hands each worker its tasks as soon as it exists, so the first batch
+    // is loading while the next worker is forked (a fork of a LibTorch process costs
+    // milliseconds). An iterable epoch waits for all: its round robin must not depend on it.
+    if (!iterable_) dispatch_map();
+  }
 }
 
 MultiProcessEpoch::~MultiProcessEpoch() {
@@ -97,14 +113,15 @@ std::optional<Batch> MultiProcessEpoch::next_locked() {
   std::optional<ipc::Clock::time_point> deadline;
   if (timeout.count() > 0) deadline = ipc::Clock::now() + timeout;
   for (;;) {
-    pool_->flush_recycles();
+    pool_->collect_recycles();
+    dispatch();              // released segments ride along with the tasks...
+    pool_->send_recycles();  // ...or go on their own to workers that got none
     if (std::optional<Result> r = pop_result()) {
       if (r->stream_end) continue;
       if (r->error) std::rethrow_exception(r->error);
       return finish_batch(std::move(*r->batch), *state_);
     }
     if (finished()) return std::nullopt;
-    dispatch();
     wait_and_receive(deadline);
   }
 }
@@ -129,7 +146,7 @@ std::optional<MultiProcessEpoch::Result> MultiProcessEpoch::pop_result() {
 }
 
 bool MultiProcessEpoch::finished() const {
-  if (!iterable_) return next_delivery_ >= batches_.size();
+  if (!iterable_) return next_delivery_ >= plan_.size();
   for (const auto& w : pool_->workers) {
     if (!w.exhausted || w.undelivered > 0) return false;
   }
@@ -147,7 +164,7 @@ void MultiProcessEpoch::dispatch() {
 void MultiProcessEpoch::dispatch_map() {
   const std::size_t cap = *state_->options.prefetch_factor;
   auto& workers = pool_->workers;
-  while (next_task_ < batches_.size()) {
+  while (next_task_ < plan_.size()) {
     WorkerSlot* best = nullptr;
     for (std::size_t k = 0; k < workers.size(); ++k) {
       WorkerSlot& w = workers[(round_robin_ + k) % workers.size()];
@@ -160,7 +177,8 @@ void MultiProcessEpoch::dispatch_map() {
     round_robin_ = best->id + 1;
     ++best->undelivered;
     const auto sequence = next_task_++;
-    send_task(*best, sequence, batches_[sequence]);
+    const auto batch = plan_.batch(sequence);
+    send_task(*best, sequence, std::vector<std::int64_t>(batch.begin(), batch.end()));
   }
 }
 
@@ -189,7 +207,9 @@ void MultiProcessEpoch::dispatch_iterable() {
 bool MultiProcessEpoch::send_task(WorkerSlot& w,
                                   std::uint64_t sequence,
                                   std::vector<std::int64_t> indices) {
-  const auto bytes = ipc::encode(ipc::IndexMessage(ipc::TaskMessage{epoch_, sequence, indices}));
+  const auto bytes = ipc::encode(
+      ipc::IndexMessage(ipc::TaskMessage{epoch_, sequence, indices, std::move(w.recycled)}));
+  w.recycled.clear();
   w.in_flight.push_back(TaskRecord{epoch_, sequence, std::move(indices)});
   std::optional<ipc::Clock::time_point> deadline;
   if (state_->options.timeout.count() > 0) deadline = ipc::Clock::now() + state_->options.timeout;
@@ -212,6 +232,13 @@ void MultiProcessEpoch::wait_and_receive(std::optional<ipc::Clock::time_point> d
   for (const auto& w : workers) {
     fds.push_back({w.dead ? -1 : w.data.fd(), POLLIN, 0});
     fds.push_back({w.dead ? -1 : w.process.pidfd(), POLLIN, 0});
+  }
+  // With a core to spare, poll briefly before sleeping: the next batch is usually microseconds
+  // away, and a sleep and wake-up cost more than the wait (see Channel::spin_until_readable).
+  if (spin_) {
+    const auto until = ipc::Clock::now() + kSpinBeforeSleep;
+    while (::poll(fds.data(), fds.size(), 0) == 0 && ipc::Clock::now() < until) {
+    }
   }
   int timeout_ms = -1;
   const auto started = ipc::Clock::now();

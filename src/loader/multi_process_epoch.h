@@ -35,6 +35,7 @@ class MultiProcessEpoch final : public EpochIterator {
   };
 
   std::optional<Batch> next_locked();
+  void start_workers();
   std::optional<Result> pop_result();
   bool finished() const;
   void dispatch();
@@ -56,12 +57,14 @@ class MultiProcessEpoch final : public EpochIterator {
   std::uint64_t epoch_;
   std::uint64_t token_;
   bool iterable_;
-  std::vector<std::vector<std::int64_t>> batches_;  // map-style: the epoch's batches
-  std::uint64_t next_task_ = 0;                     // next sequence number to dispatch
-  std::uint64_t next_delivery_ = 0;                 // in order: next sequence to deliver
-  std::map<std::uint64_t, Result> ready_;           // in order: results by sequence
-  std::deque<Result> arrived_;                      // out of order: results as they came
+  EpochPlan plan_;                         // map-style: the epoch's batches
+  std::uint64_t next_task_ = 0;            // next sequence number to dispatch
+  std::uint64_t next_delivery_ = 0;        // in order: next sequence to deliver
+  std::map<std::uint64_t, Result> ready_;  // in order: results by sequence
+  std::deque<Result> arrived_;             // out of order: results as they came
   std::size_t round_robin_ = 0;
+  bool spin_;  // poll briefly before sleeping: only when main and workers each have a core
+  static constexpr std::chrono::microseconds kSpinBeforeSleep{50};
   bool failed_ = false;
 };
 

@@ -5,6 +5,9 @@
 
 #include <cstdio>
 #include <system_error>
+#include <thread>
+
+#include "ferry/error.h"
 
 #include "ipc/protocol.h"
 #include "loader/loader_state.h"
@@ -36,51 +39,56 @@ void LoaderState::close() noexcept {
   pools.clear();
 }
 
-WorkerPool::WorkerPool(const LoaderState& state) {
-  const DataLoaderOptions& o = state.options;
+void WorkerPool::start_worker() {
+  const DataLoaderOptions& o = state_.options;
+  FERRY_ASSERT(workers.size() < o.num_workers && !stopped_);
   workers.reserve(o.num_workers);
-  try {
-    for (std::size_t i = 0; i < o.num_workers; ++i) {
-      auto [main_index, worker_index] = ipc::Channel::pair();
-      auto [main_data, worker_data] = ipc::Channel::pair();
-      workers::register_parent_only_fd(main_index.fd());
-      workers::register_parent_only_fd(main_data.fd());
-      WorkerSlot slot;
-      slot.id = i;
-      slot.index = std::move(main_index);
-      slot.data = std::move(main_data);
+  auto [main_index, worker_index] = ipc::Channel::pair();
+  auto [main_data, worker_data] = ipc::Channel::pair();
 
-      workers::WorkerSpec spec;
-      spec.worker_id = i;
-      spec.num_workers = o.num_workers;
-      spec.base_seed = *o.seed;
-      spec.dataset = state.dataset;
-      spec.iterable = state.iterable;
-      spec.batch_size = o.batch_size;
-      spec.drop_last = o.drop_last;
-      spec.collate_fn = state.collate_fn;
-      spec.worker_init_fn = o.worker_init_fn;
-      spec.keep_free_segments = *o.prefetch_factor + 1;
-      spec.parent_pid = ::getpid();
-      const int index_fd = worker_index.fd();
-      const int data_fd = worker_data.fd();
-      // The child's ends: the child adopts them; this process closes them right after the fork.
-      std::vector<ipc::UniqueFd> child_ends;
-      child_ends.push_back(worker_index.release());
-      child_ends.push_back(worker_data.release());
-      const pid_t pid = workers::fork_worker(
-          [spec, index_fd, data_fd]() {
-            workers::run_worker(spec, ipc::Channel(ipc::UniqueFd(index_fd)),
-                                ipc::Channel(ipc::UniqueFd(data_fd)));
-          },
-          std::move(child_ends));
-      slot.process = ipc::ChildProcess(pid);
-      workers.push_back(std::move(slot));
-    }
+  workers::WorkerSpec spec;
+  spec.worker_id = workers.size();
+  spec.num_workers = o.num_workers;
+  spec.base_seed = *o.seed;
+  spec.dataset = state_.dataset;
+  spec.iterable = state_.iterable;
+  spec.batch_size = o.batch_size;
+  spec.drop_last = o.drop_last;
+  spec.collate_fn = state_.collate_fn;
+  spec.worker_init_fn = o.worker_init_fn;
+  spec.keep_free_segments = *o.prefetch_factor + 1;
+  spec.parent_pid = ::getpid();
+  spec.spin = o.num_workers < std::thread::hardware_concurrency();
+  const int index_fd = worker_index.fd();
+  const int data_fd = worker_data.fd();
+  // The child's ends: the child adopts them; this process closes them right after the fork.
+  std::vector<ipc::UniqueFd> child_ends;
+  child_ends.push_back(worker_index.release());
+  child_ends.push_back(worker_data.release());
+
+  // The main process's ends: registered before the fork, so no worker (this one included)
+  // keeps them open; unregistered again if the fork fails.
+  workers::register_parent_only_fd(main_index.fd());
+  workers::register_parent_only_fd(main_data.fd());
+  pid_t pid = -1;
+  try {
+    pid = workers::fork_worker(
+        [spec, index_fd, data_fd]() {
+          workers::run_worker(spec, ipc::Channel(ipc::UniqueFd(index_fd)),
+                              ipc::Channel(ipc::UniqueFd(data_fd)));
+        },
+        std::move(child_ends));
   } catch (...) {
-    shutdown();
+    workers::unregister_parent_only_fd(main_index.fd());
+    workers::unregister_parent_only_fd(main_data.fd());
     throw;
   }
+  WorkerSlot slot;
+  slot.id = spec.worker_id;
+  slot.index = std::move(main_index);
+  slot.data = std::move(main_data);
+  slot.process = ipc::ChildProcess(pid);
+  workers.push_back(std::move(slot));
 }
 
 void WorkerPool::shutdown() noexcept {
@@ -110,17 +118,25 @@ void WorkerPool::shutdown() noexcept {
   }
 }
 
-void WorkerPool::flush_recycles() {
+void WorkerPool::collect_recycles() {
   std::vector<std::pair<std::size_t, std::uint64_t>> items;
   {
     std::lock_guard<std::mutex> lock(recycle->mutex);
     items.swap(recycle->items);
   }
   for (const auto& [worker, segment] : items) {
-    WorkerSlot& w = workers.at(worker);
-    if (w.dead || !w.index.valid()) continue;
-    const auto bytes = ipc::encode(ipc::IndexMessage(ipc::RecycleMessage{segment}));
-    (void)w.index.send(bytes);
+    if (worker < workers.size()) workers[worker].recycled.push_back(segment);
+  }
+}
+
+void WorkerPool::send_recycles() {
+  for (auto& w : workers) {
+    if (w.recycled.empty()) continue;
+    if (!w.dead && w.index.valid()) {
+      const auto bytes = ipc::encode(ipc::IndexMessage(ipc::RecycleMessage{w.recycled}));
+      (void)w.index.send(bytes);
+    }
+    w.recycled.clear();
   }
 }
 

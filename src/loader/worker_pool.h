@@ -32,9 +32,10 @@ struct TaskRecord {
 struct WorkerSlot {
   std::size_t id = 0;
   ipc::ChildProcess process;
-  ipc::Channel index;                // main -> worker
-  ipc::Channel data;                 // worker -> main
-  std::deque<TaskRecord> in_flight;  // a worker answers its tasks in order
+  ipc::Channel index;                   // main -> worker
+  ipc::Channel data;                    // worker -> main
+  std::deque<TaskRecord> in_flight;     // a worker answers its tasks in order
+  std::vector<std::uint64_t> recycled;  // segments to send back, with the next task if any
   std::unordered_map<std::uint64_t, std::shared_ptr<ipc::MappedRegion>> segments;
   bool dead = false;
   // This epoch: tasks sent whose batch the training loop has not received yet (bounded by
@@ -46,8 +47,11 @@ struct WorkerSlot {
 // The worker processes of one loader (for one epoch, or for all with persistent_workers).
 class WorkerPool {
  public:
-  // Forks the workers. Throws std::system_error if a process or channel cannot be made.
-  explicit WorkerPool(const LoaderState& state);
+  // Prepares a pool; start_worker() forks them one at a time, so the first can start working
+  // while the next is forked. Throws std::system_error if a process or channel cannot be made.
+  explicit WorkerPool(const LoaderState& state) : state_(state) {}
+  void start_worker();
+  bool all_started() const noexcept { return workers.size() == state_.options.num_workers; }
   ~WorkerPool() { shutdown(); }
 
   // Stop messages, then EOF, then up to `grace` for the workers to exit, then SIGKILL; every
@@ -55,8 +59,10 @@ class WorkerPool {
   void shutdown() noexcept;
   bool stopped() const noexcept { return stopped_; }
 
-  // Sends the recycled segments back to their workers.
-  void flush_recycles();
+  // Moves the segments the training loop released to their workers' `recycled` lists.
+  void collect_recycles();
+  // Sends what is left in `recycled` lists on its own (for workers that got no task now).
+  void send_recycles();
 
   std::vector<WorkerSlot> workers;
   std::shared_ptr<RecycleQueue> recycle = std::make_shared<RecycleQueue>();
@@ -66,6 +72,7 @@ class WorkerPool {
   static constexpr std::chrono::milliseconds kShutdownGrace{1000};
 
  private:
+  const LoaderState& state_;  // outlives the pool: the state owns or outlives every pool
   bool stopped_ = false;
 };
 

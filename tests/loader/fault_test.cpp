@@ -2,6 +2,7 @@
 // (support/process_harness.h), so a hang fails the test instead of stalling CI; inside the child,
 // REQUIRE prints what failed and exits non-zero.
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -124,6 +125,42 @@ TEST(WorkerDeath, SegfaultIsReportedWithSignalPidAndIndices) {  // row 1
       REQUIRE(what.find("indices 20, 21, 22, 23") != std::string::npos, what);
       return 0;
     });
+  });
+}
+
+TEST(WorkerDeath, ACrashingWorkerSaysSoOnStderr) {  // row 1
+  const auto r = testing::run_in_child(
+      [] {
+        DataLoader loader(std::make_shared<FaultyDataset>(8, 1, FaultyDataset::Fault::kSegfault),
+                          {.batch_size = 2, .num_workers = 1});
+        try {
+          for (auto& batch : loader) (void)batch;
+        } catch (const WorkerDiedError&) {
+          return 0;
+        }
+        return 1;
+      },
+      60s);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, ::testing::HasSubstr("ferry: DataLoader worker 0 (pid "));
+  EXPECT_THAT(r.output, ::testing::HasSubstr(") got a fatal SIGSEGV"));
+}
+
+TEST(Resources, EveryDescriptorTheLoaderOpensIsCloseOnExec) {
+  in_child([] {
+    const auto before = testing::snapshot();
+    DataLoader loader(std::make_shared<LedgerDataset>(100, 4096),
+                      {.batch_size = 4, .num_workers = 2, .persistent_workers = true});
+    auto it = loader.begin();
+    ++it;
+    for (const auto& entry : testing::snapshot().fds) {
+      if (std::find(before.fds.begin(), before.fds.end(), entry) != before.fds.end()) continue;
+      const int fd = std::stoi(entry.substr(0, entry.find(' ')));
+      const int flags = ::fcntl(fd, F_GETFD);
+      if (flags < 0) continue;  // the snapshot's own directory stream, closed since
+      REQUIRE(flags & FD_CLOEXEC, "fd ", entry, " is not close-on-exec");
+    }
+    return 0;
   });
 }
 
