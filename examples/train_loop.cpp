@@ -50,7 +50,7 @@ int main(int argc, char** argv) {
   const std::size_t epochs = arg(argc, argv, "--epochs", 5);
   const std::size_t samples = arg(argc, argv, "--samples", 20000);
   const std::size_t batch_size = arg(argc, argv, "--batch-size", 64);
-  const std::size_t workers = arg(argc, argv, "--workers", 0);
+  const std::size_t workers = arg(argc, argv, "--workers", 2);
 
   auto dataset = std::make_shared<BlobDataset>(samples);
   ferry::DataLoader loader(

@@ -19,6 +19,7 @@ namespace {
 
 std::atomic<int> g_fail_count{0};
 std::atomic<int> g_fail_error{ENOSPC};
+std::atomic<bool> g_no_memfd{false};
 
 std::uint64_t free_shm_bytes() {
   struct statvfs st {};
@@ -27,6 +28,8 @@ std::uint64_t free_shm_bytes() {
 }
 
 }  // namespace
+
+void fault::pretend_memfd_is_missing(bool missing) { g_no_memfd = missing; }
 
 void fault::fail_next_allocations(int count, int error) {
   g_fail_error = error;
@@ -77,7 +80,12 @@ MappedRegion MappedRegion::map_shared(int fd, std::size_t size, bool private_to_
 }
 
 SharedMemory SharedMemory::create(std::size_t size, const char* name) {
-  UniqueFd fd(static_cast<int>(::memfd_create(name, MFD_CLOEXEC)));
+  UniqueFd fd;
+  if (g_no_memfd) {
+    errno = ENOSYS;
+  } else {
+    fd.reset(::memfd_create(name, MFD_CLOEXEC));
+  }
   if (!fd && (errno == ENOSYS || errno == EINVAL)) {
     // No memfd: a POSIX shm object with a unique name, unlinked at once.
     static std::atomic<unsigned> counter{0};

@@ -56,6 +56,8 @@ namespace fault {
 /// Test hook: the next `count` SharedMemory::create calls in this process (and in processes
 /// forked from it afterwards) fail as if fallocate returned `error` (ENOSPC by default).
 void fail_next_allocations(int count, int error = 28 /* ENOSPC */);
+/// Test hook: behave as if memfd_create did not exist (the shm_open fallback).
+void pretend_memfd_is_missing(bool missing);
 }  // namespace fault
 
 /// "38.5 MB", "512 KiB": sizes for messages.

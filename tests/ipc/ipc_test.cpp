@@ -1,0 +1,188 @@
+// The OS primitives and the wire protocol, on their own.
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "ferry/error.h"
+
+#include "ipc/channel.h"
+#include "ipc/child_process.h"
+#include "ipc/protocol.h"
+#include "ipc/shared_memory.h"
+
+namespace ferry::ipc {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
+
+TEST(Protocol, EveryMessageRoundTrips) {
+  TaskMessage task{7, 42, {1, -2, 3}, {9, 10}};
+  const auto t = std::get<TaskMessage>(decode_index(encode(IndexMessage(task))));
+  EXPECT_EQ(t.epoch, 7u);
+  EXPECT_EQ(t.sequence, 42u);
+  EXPECT_EQ(t.indices, task.indices);
+  EXPECT_EQ(t.recycled, task.recycled);
+  EXPECT_EQ(
+      std::get<RecycleMessage>(decode_index(encode(IndexMessage(RecycleMessage{{5}})))).segment_ids,
+      std::vector<std::uint64_t>{5});
+  EXPECT_TRUE(
+      std::holds_alternative<StopMessage>(decode_index(encode(IndexMessage(StopMessage{})))));
+
+  BatchReadyMessage ready;
+  ready.epoch = 1;
+  ready.sequence = 2;
+  ready.segment_id = 3;
+  ready.segment_size = 4096;
+  ready.num_samples = 2;
+  ready.fields.push_back(FieldMeta{"image", 0, 6, {2, 3}, 64, 24, {}});
+  ready.fields.push_back(FieldMeta{"path", 3, -1, {}, 0, 0, {"a.jpg", "b.jpg"}});
+  ready.indices = {10, 11};
+  ready.retired_segments = {8};
+  const auto r = std::get<BatchReadyMessage>(decode_data(encode(DataMessage(ready))));
+  EXPECT_EQ(r.fields.size(), 2u);
+  EXPECT_EQ(r.fields[0].sizes, (std::vector<std::int64_t>{2, 3}));
+  EXPECT_EQ(r.fields[1].strings, (std::vector<std::string>{"a.jpg", "b.jpg"}));
+  EXPECT_EQ(r.indices, ready.indices);
+  EXPECT_EQ(r.retired_segments, ready.retired_segments);
+  const auto e = std::get<SampleErrorMessage>(
+      decode_data(encode(DataMessage(SampleErrorMessage{1, 2, 3, "std::bad_alloc", "boom"}))));
+  EXPECT_EQ(e.type_name, "std::bad_alloc");
+  EXPECT_EQ(e.message, "boom");
+}
+
+TEST(Protocol, EveryTruncationIsAClearErrorNeverAnOverread) {
+  BatchReadyMessage ready;
+  ready.fields.push_back(FieldMeta{"image", 0, 6, {2, 3}, 64, 24, {}});
+  ready.indices = {1, 2};
+  const auto bytes = encode(DataMessage(ready));
+  for (std::size_t cut = 0; cut < bytes.size(); ++cut) {
+    EXPECT_THAT([&] { decode_data(std::span<const std::byte>(bytes.data(), cut)); },
+                ThrowsMessage<Error>(HasSubstr("cut short")))
+        << "cut at " << cut;
+  }
+  auto longer = bytes;
+  longer.push_back(std::byte{0});
+  EXPECT_THAT([&] { decode_data(longer); }, ThrowsMessage<Error>(HasSubstr("trailing bytes")));
+}
+
+TEST(Protocol, ForeignBytesAndOtherVersionsAreRefused) {
+  std::vector<std::byte> junk(16, std::byte{0x41});
+  EXPECT_THAT([&] { decode_index(junk); }, ThrowsMessage<Error>(HasSubstr("bad magic")));
+  auto bytes = encode(IndexMessage(StopMessage{}));
+  bytes[4] = std::byte{99};  // the version field
+  EXPECT_THAT([&] { decode_index(bytes); }, ThrowsMessage<Error>(HasSubstr("out of step")));
+  // A count that claims more than the message holds.
+  auto task = encode(IndexMessage(TaskMessage{0, 0, {1}, {}}));
+  const std::uint32_t huge = 1u << 27;
+  std::memcpy(task.data() + 8 + 16, &huge, 4);
+  EXPECT_THAT([&] { decode_index(task); }, ThrowsMessage<Error>(HasSubstr("cut short")));
+}
+
+TEST(Channel, CarriesMessagesLargerThanAPacketAndDescriptors) {
+  auto [a, b] = Channel::pair();
+  std::vector<std::byte> big(300'000);
+  for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<std::byte>(i * 7);
+  int pipe_fds[2];
+  ASSERT_EQ(::pipe(pipe_fds), 0);
+  std::thread sender([&] {
+    EXPECT_EQ(a.send(big, std::span<const int>(pipe_fds, 1)), Channel::SendResult::kSent);
+  });
+  std::vector<std::byte> got;
+  std::vector<UniqueFd> fds;
+  ASSERT_TRUE(b.receive(got, fds));
+  sender.join();
+  EXPECT_EQ(got, big);
+  ASSERT_EQ(fds.size(), 1u);
+  EXPECT_TRUE(::fcntl(fds[0].get(), F_GETFD) & FD_CLOEXEC);
+  // The received descriptor is the same pipe.
+  ASSERT_EQ(::write(pipe_fds[1], "x", 1), 1);
+  char c = 0;
+  EXPECT_EQ(::read(fds[0].get(), &c, 1), 1);
+  EXPECT_EQ(c, 'x');
+  ::close(pipe_fds[0]);
+  ::close(pipe_fds[1]);
+  a.close();
+  EXPECT_FALSE(b.receive(got, fds));  // EOF once the peer is gone
+}
+
+TEST(Channel, SendToAPeerThatStoppedReadingTimesOutAndToAGoneOneSaysSo) {
+  auto [a, b] = Channel::pair();
+  std::vector<std::byte> chunk(64 * 1024);
+  Channel::SendResult result = Channel::SendResult::kSent;
+  for (int i = 0; i < 1000 && result == Channel::SendResult::kSent; ++i) {
+    result = a.send(chunk, {}, Clock::now() + std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(result, Channel::SendResult::kTimedOut);
+  b.close();
+  EXPECT_EQ(a.send(chunk, {}, Clock::now() + std::chrono::milliseconds(50)),
+            Channel::SendResult::kPeerGone);
+}
+
+TEST(SharedMemory, IsAnonymousCloseOnExecAndSized) {
+  auto memory = SharedMemory::create(1 << 20, "ferry-test");
+  EXPECT_TRUE(::fcntl(memory.fd(), F_GETFD) & FD_CLOEXEC);
+  struct stat st {};
+  ASSERT_EQ(::fstat(memory.fd(), &st), 0);
+  EXPECT_EQ(st.st_size, 1 << 20);
+  EXPECT_GE(st.st_blocks * 512, 1 << 20) << "the pages are reserved up front";
+  auto mapping = MappedRegion::map_shared(memory.fd(), memory.size(), true);
+  std::memset(mapping.data(), 0xAB, mapping.size());
+}
+
+TEST(SharedMemory, TheShmOpenFallbackLeavesNoNameBehind) {
+  fault::pretend_memfd_is_missing(true);
+  auto count_ferry_names = [] {
+    int n = 0;
+    for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
+      n += entry.path().filename().string().find("ferry") != std::string::npos;
+    }
+    return n;
+  };
+  const int before = count_ferry_names();
+  {
+    auto memory = SharedMemory::create(4096, "fallback");
+    EXPECT_TRUE(::fcntl(memory.fd(), F_GETFD) & FD_CLOEXEC);
+    EXPECT_EQ(count_ferry_names(), before) << "the name was not unlinked at once";
+    auto mapping = MappedRegion::map_shared(memory.fd(), 4096, false);
+    std::memset(mapping.data(), 1, 4096);
+  }
+  fault::pretend_memfd_is_missing(false);
+}
+
+TEST(SharedMemory, NoSpaceIsAClearError) {
+  fault::fail_next_allocations(1);
+  EXPECT_THAT([] { SharedMemory::create(3 << 20, "full"); },
+              ThrowsMessage<SharedMemoryError>(HasSubstr("cannot reserve 3.0 MiB")));
+  EXPECT_NO_THROW(SharedMemory::create(3 << 20, "fine"));
+}
+
+TEST(ChildProcess, ReapsAndDescribesHowAChildEnded) {
+  const pid_t exits = ::fork();
+  if (exits == 0) ::_exit(3);
+  ChildProcess a(exits);
+  EXPECT_EQ(a.terminate(std::chrono::milliseconds(2000)).describe(), "exited with code 3");
+  const pid_t sleeps = ::fork();
+  if (sleeps == 0) {
+    ::pause();
+    ::_exit(0);
+  }
+  {
+    ChildProcess b(sleeps);
+    EXPECT_GE(b.pidfd(), 0);
+    EXPECT_FALSE(b.try_wait().has_value());
+  }  // the destructor kills and reaps
+  EXPECT_NE(::kill(sleeps, 0), 0) << "the child survived its owner";
+  EXPECT_EQ(signal_name(SIGKILL), "SIGKILL");
+}
+
+}  // namespace
+}  // namespace ferry::ipc
