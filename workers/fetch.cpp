@@ -25,6 +25,37 @@ std::vector<Example> fetch_samples(const Dataset& dataset,
   return samples;
 }
 
+StreamReader::StreamReader(const IterableDataset& dataset,
+                           std::uint64_t epoch,
+                           const WorkerIdentity& who)
+    : epoch_(epoch), who_(who) {
+  SampleContext ctx =
+      SampleContext::for_stream(who.base_seed, epoch, -1, who.worker_id, who.num_workers);
+  stream_ = dataset.stream(ctx);
+  FERRY_CHECK(stream_ != nullptr,
+              "IterableDataset::stream() returned null; return a stream "
+              "(one that ends at once for a worker with nothing to read)");
+}
+
+std::vector<Example> StreamReader::next_batch(std::size_t batch_size, bool drop_last) {
+  std::vector<Example> samples;
+  samples.reserve(batch_size);
+  while (!ended_ && samples.size() < batch_size) {
+    SampleContext ctx =
+        SampleContext::for_stream(who_.base_seed, epoch_, static_cast<std::int64_t>(position_),
+                                  who_.worker_id, who_.num_workers);
+    std::optional<Example> example = stream_->next(ctx);
+    if (!example) {
+      ended_ = true;
+      break;
+    }
+    example->set_index(static_cast<std::int64_t>(position_++));
+    samples.push_back(std::move(*example));
+  }
+  if (samples.size() < batch_size && drop_last) samples.clear();
+  return samples;
+}
+
 Batch collate_samples(std::vector<Example> samples,
                       const CollateFn& collate_fn,
                       std::uint64_t epoch,

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -23,6 +24,26 @@ std::vector<Example> fetch_samples(const Dataset& dataset,
                                    std::span<const std::int64_t> indices,
                                    std::uint64_t epoch,
                                    const WorkerIdentity& who);
+
+// Reads one worker's stream over an iterable dataset in batches, tagging each sample with its
+// position in the stream and giving it a SampleContext seeded from (seed, epoch, worker,
+// position). Shared by the calling thread (num_workers = 0, worker 0 of 1) and worker processes.
+class StreamReader {
+ public:
+  // Opens the stream; throws what IterableDataset::stream() throws, or ConfigError for null.
+  StreamReader(const IterableDataset& dataset, std::uint64_t epoch, const WorkerIdentity& who);
+  // The next batch's samples: batch_size of them, fewer at the end of the stream, none once it
+  // has ended (or, with drop_last, when only a short batch was left).
+  std::vector<Example> next_batch(std::size_t batch_size, bool drop_last);
+  std::uint64_t epoch() const noexcept { return epoch_; }
+
+ private:
+  std::uint64_t epoch_;
+  WorkerIdentity who_;
+  std::unique_ptr<ExampleStream> stream_;
+  std::size_t position_ = 0;
+  bool ended_ = false;
+};
 
 // Collates with `collate_fn` (default_collate when empty) and stamps the batch's position and
 // its samples' indices.

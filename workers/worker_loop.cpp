@@ -103,7 +103,7 @@ class Worker {
       } else if (auto* recycle = std::get_if<ipc::RecycleMessage>(&message)) {
         for (const auto id : recycle->segment_ids) pool_.release(id);
       } else if (auto* epoch = std::get_if<ipc::NewEpochMessage>(&message)) {
-        if (stream_epoch_ != epoch->epoch) stream_.reset();
+        if (stream_ && stream_->epoch() != epoch->epoch) stream_.reset();
       } else {
         exit_now(0);
       }
@@ -142,31 +142,15 @@ class Worker {
   // Reads the next batch of this worker's stream; false (after telling the main process) when
   // the stream has ended with nothing more to send.
   bool read_stream(const ipc::TaskMessage& task, std::vector<Example>& samples) {
-    if (!stream_ || stream_epoch_ != task.epoch) {
-      SampleContext ctx = SampleContext::for_stream(spec_.base_seed, task.epoch, -1,
-                                                    spec_.worker_id, spec_.num_workers);
+    if (!stream_ || stream_->epoch() != task.epoch) {
       try {
-        stream_ = spec_.iterable->stream(ctx);
+        stream_.emplace(*spec_.iterable, task.epoch, who_);
       } catch (...) {
         fatal(task.epoch, "IterableDataset::stream() failed: ");
       }
-      stream_epoch_ = task.epoch;
-      stream_position_ = 0;
-      stream_ended_ = stream_ == nullptr;
     }
-    while (!stream_ended_ && samples.size() < spec_.batch_size) {
-      SampleContext ctx = SampleContext::for_stream(spec_.base_seed, task.epoch,
-                                                    static_cast<std::int64_t>(stream_position_),
-                                                    spec_.worker_id, spec_.num_workers);
-      std::optional<Example> example = stream_->next(ctx);
-      if (!example) {
-        stream_ended_ = true;
-        break;
-      }
-      example->set_index(static_cast<std::int64_t>(stream_position_++));
-      samples.push_back(std::move(*example));
-    }
-    if (samples.empty() || (samples.size() < spec_.batch_size && spec_.drop_last)) {
+    samples = stream_->next_batch(spec_.batch_size, spec_.drop_last);
+    if (samples.empty()) {
       send(ipc::DataMessage(ipc::StreamEndMessage{task.epoch, task.sequence}));
       return false;
     }
@@ -266,10 +250,7 @@ class Worker {
   ipc::Channel data_;
   SegmentPool pool_;
   WorkerIdentity who_;
-  std::unique_ptr<ExampleStream> stream_;
-  std::uint64_t stream_epoch_ = ~0ULL;
-  std::size_t stream_position_ = 0;
-  bool stream_ended_ = false;
+  std::optional<StreamReader> stream_;
 };
 
 }  // namespace

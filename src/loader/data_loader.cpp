@@ -85,45 +85,22 @@ class InProcessMapEpoch final : public detail::EpochIterator {
 class InProcessStreamEpoch final : public detail::EpochIterator {
  public:
   InProcessStreamEpoch(std::shared_ptr<const LoaderState> state, std::uint64_t epoch)
-      : state_(std::move(state)), epoch_(epoch) {
-    SampleContext ctx = SampleContext::for_stream(*state_->options.seed, epoch_, -1, 0, 1);
-    stream_ = state_->iterable->stream(ctx);
-    FERRY_CHECK(stream_ != nullptr,
-                "IterableDataset::stream() returned null; return a stream "
-                "(one that ends at once for an empty worker)");
-  }
+      : state_(std::move(state)),
+        reader_(*state_->iterable, epoch, workers::WorkerIdentity{0, 1, *state_->options.seed}) {}
 
   std::optional<Batch> next() override {
     check_open(*state_);
-    const std::size_t batch_size = state_->options.batch_size;
-    std::vector<Example> samples;
-    samples.reserve(batch_size);
-    while (!ended_ && samples.size() < batch_size) {
-      SampleContext ctx = SampleContext::for_stream(*state_->options.seed, epoch_,
-                                                    static_cast<std::int64_t>(position_), 0, 1);
-      std::optional<Example> example = stream_->next(ctx);
-      if (!example) {
-        ended_ = true;
-        break;
-      }
-      example->set_index(static_cast<std::int64_t>(position_++));
-      samples.push_back(std::move(*example));
-    }
-    if (samples.empty() || (samples.size() < batch_size && state_->options.drop_last)) {
-      return std::nullopt;
-    }
-    return finish_batch(
-        workers::collate_samples(std::move(samples), state_->collate_fn, epoch_, sequence_++),
-        *state_);
+    auto samples = reader_.next_batch(state_->options.batch_size, state_->options.drop_last);
+    if (samples.empty()) return std::nullopt;
+    return finish_batch(workers::collate_samples(std::move(samples), state_->collate_fn,
+                                                 reader_.epoch(), sequence_++),
+                        *state_);
   }
 
  private:
   std::shared_ptr<const LoaderState> state_;
-  std::uint64_t epoch_;
-  std::unique_ptr<ExampleStream> stream_;
-  std::size_t position_ = 0;
+  workers::StreamReader reader_;
   std::size_t sequence_ = 0;
-  bool ended_ = false;
 };
 
 // The checks every constructor shares, after resolve(): what PyTorch's DataLoader also refuses,
