@@ -2,6 +2,8 @@
 
 #include "ferry/error.h"
 
+#include "collate/batch_layout.h"
+
 namespace ferry::workers {
 
 std::vector<Example> fetch_samples(const Dataset& dataset,
@@ -58,12 +60,22 @@ std::vector<Example> StreamReader::next_batch(std::size_t batch_size, bool drop_
 
 Batch collate_samples(std::vector<Example> samples,
                       const CollateFn& collate_fn,
+                      collate::BufferPool& pool,
                       std::uint64_t epoch,
                       std::size_t sequence) {
   std::vector<std::int64_t> indices;
   indices.reserve(samples.size());
   for (const Example& s : samples) indices.push_back(s.index());
-  Batch batch = collate_fn ? collate_fn(std::move(samples)) : default_collate(std::move(samples));
+  Batch batch;
+  if (collate_fn) {
+    batch = collate_fn(std::move(samples));
+  } else {
+    const collate::BatchLayout layout = collate::plan_batch(samples);
+    const std::shared_ptr<void> buffer = pool.acquire(layout.total_bytes);
+    auto* base = static_cast<std::byte*>(buffer.get());
+    collate::write_batch(samples, layout, base);
+    batch = collate::view_batch(layout, base, buffer, samples);
+  }
   batch.set_indices(std::move(indices));
   batch.set_position(epoch, sequence);
   return batch;

@@ -8,6 +8,8 @@
 #include "ferry/collate.h"
 #include "ferry/dataset.h"
 
+#include "collate/buffer_pool.h"
+
 namespace ferry::workers {
 
 // Who is loading: the same task runs in the calling thread (num_workers = 0) or in a worker.
@@ -45,10 +47,11 @@ class StreamReader {
   bool ended_ = false;
 };
 
-// Collates with `collate_fn` (default_collate when empty) and stamps the batch's position and
-// its samples' indices.
+// Collates with `collate_fn`, or the default collate into a buffer from `pool` when it is
+// empty, and stamps the batch's position and its samples' indices.
 Batch collate_samples(std::vector<Example> samples,
                       const CollateFn& collate_fn,
+                      collate::BufferPool& pool,
                       std::uint64_t epoch,
                       std::size_t sequence);
 

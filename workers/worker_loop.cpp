@@ -4,6 +4,7 @@
 #include <malloc.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -30,6 +31,50 @@ constexpr std::chrono::microseconds kSpinBeforeSleep{50};
 // Written from the fatal-signal handler: prepared beforehand, only write() at crash time.
 char g_crash_prefix[96];
 std::size_t g_crash_prefix_len = 0;
+
+// The sample being loaded, for the watchdog's message.
+volatile std::int64_t g_current_index = -1;
+char g_watchdog_prefix[96];
+std::size_t g_watchdog_prefix_len = 0;
+
+void on_sample_timeout(int) {
+  // Async-signal-safe: the prefix was formatted beforehand; the index is written by hand.
+  (void)!::write(STDERR_FILENO, g_watchdog_prefix, g_watchdog_prefix_len);
+  char digits[24];
+  std::size_t n = 0;
+  std::int64_t v = g_current_index;
+  if (v < 0) v = 0;
+  do {
+    digits[sizeof digits - 1 - n++] = static_cast<char>('0' + v % 10);
+    v /= 10;
+  } while (v > 0 && n < sizeof digits);
+  (void)!::write(STDERR_FILENO, digits + sizeof digits - n, n);
+  (void)!::write(STDERR_FILENO, "\n", 1);
+  ::_exit(kSampleTimeoutExitCode);
+}
+
+// Arms the per-sample watchdog around one Dataset::get.
+class SampleWatchdog {
+ public:
+  SampleWatchdog(std::chrono::milliseconds limit, std::int64_t index) : armed_(limit.count() > 0) {
+    if (!armed_) return;
+    g_current_index = index;
+    itimerval timer{};
+    timer.it_value.tv_sec = static_cast<time_t>(limit.count() / 1000);
+    timer.it_value.tv_usec = static_cast<suseconds_t>(limit.count() % 1000 * 1000);
+    ::setitimer(ITIMER_REAL, &timer, nullptr);
+  }
+  ~SampleWatchdog() {
+    if (!armed_) return;
+    itimerval off{};
+    ::setitimer(ITIMER_REAL, &off, nullptr);
+  }
+  SampleWatchdog(const SampleWatchdog&) = delete;
+  SampleWatchdog& operator=(const SampleWatchdog&) = delete;
+
+ private:
+  bool armed_;
+};
 
 void on_fatal_signal(int signal) {
   (void)!::write(STDERR_FILENO, g_crash_prefix, g_crash_prefix_len);
@@ -60,6 +105,14 @@ void install_process_settings(const WorkerSpec& spec) {
       spec.worker_id, static_cast<int>(::getpid())));
   g_crash_prefix_len = std::min(g_crash_prefix_len, sizeof g_crash_prefix - 1);
   for (const int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) ::signal(sig, on_fatal_signal);
+  if (spec.sample_timeout.count() > 0) {
+    g_watchdog_prefix_len = static_cast<std::size_t>(std::snprintf(
+        g_watchdog_prefix, sizeof g_watchdog_prefix,
+        "ferry: DataLoader worker %zu (pid %d) exceeded sample_timeout loading index ",
+        spec.worker_id, static_cast<int>(::getpid())));
+    g_watchdog_prefix_len = std::min(g_watchdog_prefix_len, sizeof g_watchdog_prefix - 1);
+    ::signal(SIGALRM, on_sample_timeout);
+  }
 }
 
 class Worker {
@@ -119,6 +172,7 @@ class Worker {
         samples.reserve(task.indices.size());
         for (const std::int64_t index : task.indices) {
           failing_index = index;
+          const SampleWatchdog watchdog(spec_.sample_timeout, index);
           auto one = fetch_samples(*spec_.dataset, std::span<const std::int64_t>(&index, 1),
                                    task.epoch, who_);
           samples.push_back(std::move(one.front()));

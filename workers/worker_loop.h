@@ -2,6 +2,7 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -25,7 +26,10 @@ struct WorkerSpec {
   CollateFn collate_fn;  // empty: default collate
   std::function<void(std::size_t)> worker_init_fn;
   std::size_t keep_free_segments = 2;
-  bool spin = false;  // poll briefly before sleeping (when workers and main each have a core)
+  bool spin = false;
+  std::chrono::milliseconds sample_timeout{
+      0};  // per-sample watchdog; 0: none  // poll briefly before sleeping (when workers and main
+           // each have a core)
   pid_t parent_pid = 0;
 };
 
@@ -35,6 +39,9 @@ struct WorkerSpec {
 // worker_init_fn, then tasks from `index` until Stop or EOF. Never returns: exits 0 on a
 // requested stop, 1 after reporting a fatal error.
 [[noreturn]] void run_worker(const WorkerSpec& spec, ipc::Channel index, ipc::Channel data);
+
+// The exit code of a worker whose sample outran sample_timeout.
+inline constexpr int kSampleTimeoutExitCode = 124;
 
 // The C++ type of the exception being handled, demangled ("std::runtime_error").
 std::string current_exception_type_name();

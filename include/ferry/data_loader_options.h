@@ -40,6 +40,9 @@ struct DataLoaderOptions {
   std::optional<std::uint64_t> seed{};  // PyTorch: generator; unset: drawn once per loader
   StartMethod start_method = StartMethod::kFork;
   std::optional<torch::Device> device{};  // copy each batch here (e.g. torch::kCUDA)
+  /// Not in PyTorch: a worker whose `Dataset::get` runs longer than this for one sample is
+  /// killed and the loop gets a TimeoutError (0: no limit). Needs num_workers > 0.
+  std::chrono::milliseconds sample_timeout{0};
 };
 
 /// Checks `options` against PyTorch's rules and fills in derived defaults (prefetch_factor, seed).

@@ -69,9 +69,9 @@ class InProcessMapEpoch final : public detail::EpochIterator {
     const std::size_t sequence = position_++;  // past this batch even if it fails
     const workers::WorkerIdentity who{0, 1, *state_->options.seed};
     auto samples = workers::fetch_samples(*state_->dataset, plan_.batch(sequence), epoch_, who);
-    return finish_batch(
-        workers::collate_samples(std::move(samples), state_->collate_fn, epoch_, sequence),
-        *state_);
+    return finish_batch(workers::collate_samples(std::move(samples), state_->collate_fn,
+                                                 *state_->buffers, epoch_, sequence),
+                        *state_);
   }
 
  private:
@@ -93,7 +93,7 @@ class InProcessStreamEpoch final : public detail::EpochIterator {
     auto samples = reader_.next_batch(state_->options.batch_size, state_->options.drop_last);
     if (samples.empty()) return std::nullopt;
     return finish_batch(workers::collate_samples(std::move(samples), state_->collate_fn,
-                                                 reader_.epoch(), sequence_++),
+                                                 *state_->buffers, reader_.epoch(), sequence_++),
                         *state_);
   }
 

@@ -22,6 +22,12 @@ DataLoaderOptions resolve(DataLoaderOptions o) {
   FERRY_CHECK(o.batch_size > 0, "batch_size=0 is invalid; use a positive batch_size");
   FERRY_CHECK(o.timeout.count() >= 0, "timeout=", o.timeout.count(),
               " ms is negative; use 0 to wait forever or a positive duration");
+  FERRY_CHECK(o.sample_timeout.count() >= 0, "sample_timeout=", o.sample_timeout.count(),
+              " ms is negative; use 0 for no limit or a positive duration");
+  FERRY_CHECK(!(o.num_workers == 0 && o.sample_timeout.count() > 0),
+              "sample_timeout=", o.sample_timeout.count(),
+              " ms needs worker processes (a stuck sample cannot be stopped in the calling "
+              "thread); set num_workers > 0 or leave it 0");
   FERRY_CHECK(!(o.num_workers == 0 && o.prefetch_factor), "prefetch_factor=", *o.prefetch_factor,
               " has no effect with num_workers=0; set num_workers > 0 or leave it unset");
   FERRY_CHECK(!(o.num_workers == 0 && o.persistent_workers),

@@ -12,6 +12,7 @@
 #include "ferry/dataset.h"
 #include "ferry/sampler.h"
 
+#include "collate/buffer_pool.h"
 #include "ipc/unique_fd.h"
 
 namespace ferry::detail {
@@ -31,6 +32,8 @@ struct LoaderState {
   CollateFn collate_fn;
   std::uint64_t next_epoch = 0;
   bool pin = false;  // pin_memory requested and possible
+  // num_workers = 0: batch buffers, reused once the training loop lets go of a batch.
+  std::shared_ptr<collate::BufferPool> buffers = std::make_shared<collate::BufferPool>();
 
   // Worker processes. `use_mutex` is held by an iterator while it works, so close() (from any
   // thread) waits for it to leave; `wake` (an eventfd) interrupts its wait.

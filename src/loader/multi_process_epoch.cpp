@@ -11,6 +11,7 @@
 #include "ferry/error.h"
 
 #include "ipc/protocol.h"
+#include "workers/worker_loop.h"
 
 namespace ferry::detail {
 
@@ -404,6 +405,15 @@ void MultiProcessEpoch::worker_died(WorkerSlot& w) {
   std::optional<ipc::ExitStatus> status = w.process.try_wait();
   if (!status) status = w.process.terminate(std::chrono::milliseconds(200));
   WorkerFailure failure = failure_of(w);
+  if (status->exit_code == workers::kSampleTimeoutExitCode &&
+      state_->options.sample_timeout.count() > 0) {
+    const std::string what = detail::str(
+        "DataLoader worker ", w.id, " (pid ", w.process.pid(), ") spent more than sample_timeout (",
+        static_cast<double>(state_->options.sample_timeout.count()) / 1000.0,
+        " s) on one sample of batch ", failure.batch, " of epoch ", epoch_, " (indices ",
+        list_indices(failure.indices), "; the worker's stderr names the index) and was stopped");
+    fail(std::make_exception_ptr(TimeoutError(what, std::move(failure))));
+  }
   std::string held;
   for (const auto& task : w.in_flight) {
     if (task.epoch != epoch_) continue;

@@ -59,6 +59,7 @@ void WorkerPool::start_worker() {
   spec.keep_free_segments = *o.prefetch_factor + 1;
   spec.parent_pid = ::getpid();
   spec.spin = o.num_workers < std::thread::hardware_concurrency();
+  spec.sample_timeout = o.sample_timeout;
   const int index_fd = worker_index.fd();
   const int data_fd = worker_data.fd();
   // The child's ends: the child adopts them; this process closes them right after the fork.

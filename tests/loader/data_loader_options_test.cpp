@@ -68,6 +68,16 @@ TEST(DataLoaderOptions, RejectsZeroPrefetchAndNegativeTimeout) {
               ThrowsMessage<ConfigError>(HasSubstr("timeout=-5 ms is negative")));
 }
 
+TEST(DataLoaderOptions, SampleTimeoutNeedsWorkersAndIsNotNegative) {
+  using std::chrono::milliseconds;
+  EXPECT_THAT(
+      [] { resolve({.sample_timeout = milliseconds(500)}); },
+      ThrowsMessage<ConfigError>(HasSubstr("sample_timeout=500 ms needs worker processes")));
+  EXPECT_THAT([] { resolve({.num_workers = 1, .sample_timeout = milliseconds(-1)}); },
+              ThrowsMessage<ConfigError>(HasSubstr("sample_timeout=-1 ms is negative")));
+  EXPECT_NO_THROW(resolve({.num_workers = 1, .sample_timeout = milliseconds(500)}));
+}
+
 TEST(DataLoaderOptions, RejectsBatchSamplerWithBatchSizeShuffleSamplerOrDropLast) {
   auto bs = std::make_shared<BatchSampler>(std::make_shared<SequentialSampler>(10), 4, false);
   const auto msg =

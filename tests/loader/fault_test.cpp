@@ -12,9 +12,11 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <mutex>
 #include <random>
 #include <thread>
 
+#include <ATen/Parallel.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -298,6 +300,43 @@ TEST(Timeout, AHungWorkerTimesOutIsNamedAndKilled) {  // row 6
     }
     const std::string leaks = testing::wait_for_no_leaks(before, 2s);
     REQUIRE(leaks.empty(), leaks);
+    return 0;
+  });
+}
+
+TEST(Timeout, ASampleThatOutrunsSampleTimeoutStopsItsWorker) {  // row 6, per-sample watchdog
+  const auto r = testing::run_in_child(
+      [] {
+        DataLoader loader(std::make_shared<FaultyDataset>(40, 9, FaultyDataset::Fault::kHang),
+                          {.batch_size = 4, .num_workers = 2, .sample_timeout = 300ms});
+        const auto start = Clock::now();
+        try {
+          for (auto& batch : loader) (void)batch;
+        } catch (const TimeoutError& e) {
+          const std::string what = e.what();
+          REQUIRE(seconds_since(start) < 2.0, "took ", seconds_since(start), " s");
+          REQUIRE(what.find("more than sample_timeout (0.3 s) on one sample of batch 2") !=
+                      std::string::npos,
+                  what);
+          REQUIRE(what.find("indices 8, 9, 10, 11") != std::string::npos, what);
+          REQUIRE(!testing::pid_alive(e.failure().pid), "the worker is still alive");
+          return 0;
+        }
+        std::fprintf(stderr, "no TimeoutError\n");
+        return 1;
+      },
+      60s);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, ::testing::HasSubstr("exceeded sample_timeout loading index 9"));
+}
+
+TEST(Timeout, SampleTimeoutLeavesFastSamplesAlone) {
+  in_child([] {
+    DataLoader loader(std::make_shared<LedgerDataset>(200, 64, 2000),
+                      {.batch_size = 4, .num_workers = 2, .sample_timeout = 200ms});
+    std::size_t n = 0;
+    for (auto& batch : loader) n += batch.size();
+    REQUIRE(n == 200, n);
     return 0;
   });
 }
@@ -617,6 +656,51 @@ TEST(Soak, ResourcesStayConstantFromTheSecondEpochOn) {  // row 28, bounded for 
         return 0;
       },
       120s);
+}
+
+TEST(ForkSafety, WorkersRunAtenOpsAfterTheParentRanThreadedOnes) {  // row 21, CPU part
+  in_child(
+      [] {
+        // The parent runs LibTorch's intra-op pool (GNU OpenMP in Debian's build) and a
+        // parallel_for, and another thread holds a lock while workers are forked.
+        at::set_num_threads(4);
+        auto a = torch::rand({512, 512});
+        for (int i = 0; i < 5; ++i) a = torch::tanh(a.matmul(a));
+        std::atomic<int> sum{0};
+        at::parallel_for(0, 1 << 16, 1024,
+                         [&](std::int64_t b, std::int64_t e) { sum += static_cast<int>(e - b); });
+        REQUIRE(sum == 1 << 16);
+        std::mutex held;
+        std::atomic<bool> locked{false}, release{false};
+        std::thread holder([&] {
+          std::lock_guard<std::mutex> lock(held);
+          locked = true;
+          while (!release) std::this_thread::sleep_for(1ms);
+        });
+        while (!locked) std::this_thread::yield();
+        class Convolving : public Dataset {
+         public:
+          std::size_t size() const override { return 16; }
+          Example get(std::size_t i, SampleContext& ctx) const override {
+            auto x = torch::rand({1, 3, 32, 32}, ctx.generator());
+            auto w = torch::rand({8, 3, 3, 3}, ctx.generator());
+            auto y = at::conv2d(x, w).relu().matmul(torch::rand({30, 30}, ctx.generator()));
+            return {{"y", y.sum()}, {"threads", at::get_num_threads()}, {"i", i}};
+          }
+        };
+        DataLoader loader(std::make_shared<Convolving>(), {.batch_size = 4, .num_workers = 2});
+        std::size_t n = 0;
+        for (auto& batch : loader) {
+          REQUIRE(batch["threads"].eq(1).all().item<bool>(),
+                  "a worker runs more than one intra-op thread");
+          n += batch.size();
+        }
+        release = true;
+        holder.join();
+        REQUIRE(n == 16, n);
+        return 0;
+      },
+      60s);
 }
 
 TEST(Seeding, OutputIsIdenticalWhateverTheWorkerCountAndTiming) {  // row 29
