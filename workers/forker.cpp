@@ -91,13 +91,18 @@ class Forker {
         // Output the parent buffered but had not written yet is the parent's to write.
         ::__fpurge(stdout);
         ::__fpurge(stderr);
-        for (const int fd : registry()) (void)::close(fd);
+        for (const int fd : registry()) {
+          bool own = false;
+          for (const auto& mine : request->close_after_fork) own = own || mine.get() == fd;
+          if (!own) (void)::close(fd);
+        }
         request->child_main();
         ::_exit(0);  // child_main must not return; never run the parent's atexit handlers
       }
       const int fork_errno = errno;
-      registry_lock.unlock();
+      for (const auto& fd : request->close_after_fork) registry().erase(fd.get());
       request->close_after_fork.clear();
+      registry_lock.unlock();
       if (pid < 0) {
         request->result.set_exception(std::make_exception_ptr(std::system_error(
             fork_errno, std::generic_category(), "fork() of a DataLoader worker")));
@@ -123,6 +128,17 @@ void register_parent_only_fd(int fd) {
 void unregister_parent_only_fd(int fd) {
   std::lock_guard<std::mutex> lock(registry_mutex());
   registry().erase(fd);
+}
+
+WorkerChannels make_worker_channels() {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  auto [main_index, worker_index] = ipc::Channel::pair();
+  auto [main_data, worker_data] = ipc::Channel::pair();
+  for (const auto* c : {&main_index, &main_data, &worker_index, &worker_data}) {
+    registry().insert(c->fd());
+  }
+  return {std::move(main_index), std::move(main_data), std::move(worker_index),
+          std::move(worker_data)};
 }
 
 pid_t fork_worker(std::function<void()> child_main, std::vector<ipc::UniqueFd> close_after_fork) {

@@ -5,6 +5,7 @@
 #include <functional>
 #include <vector>
 
+#include "ipc/channel.h"
 #include "ipc/unique_fd.h"
 
 namespace ferry::workers {
@@ -15,12 +16,22 @@ namespace ferry::workers {
 void register_parent_only_fd(int fd);
 void unregister_parent_only_fd(int fd);
 
+// A new worker's two channel pairs. All four ends are created and registered as parent-only
+// in one step, under the registry's lock, so a fork for another loader in between inherits
+// none of them. fork_worker() hands the worker's ends to the child and unregisters them.
+struct WorkerChannels {
+  ipc::Channel main_index, main_data;      // stay in this process (unregister before closing)
+  ipc::Channel worker_index, worker_data;  // pass to fork_worker() as close_after_fork
+};
+WorkerChannels make_worker_channels();
+
 // Forks a worker from one long-lived internal thread. PR_SET_PDEATHSIG fires when the thread
 // that forked exits, so forking from the caller's thread would kill the workers of a loader
 // created on a short-lived thread; forking from this thread makes the signal mean "the process
 // died". In the child: the parent-only descriptors are closed, then `child_main` runs and must
-// not return. In the parent: `close_after_fork` (the child's ends of its channels) is closed
-// before any other fork can happen. Returns the child's pid; throws std::system_error.
+// not return; it keeps `close_after_fork` (its own channel ends) open. In the parent, those are
+// unregistered and closed before any other fork can happen. Returns the child's pid; throws
+// std::system_error.
 pid_t fork_worker(std::function<void()> child_main, std::vector<ipc::UniqueFd> close_after_fork);
 
 }  // namespace ferry::workers

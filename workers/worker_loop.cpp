@@ -156,7 +156,8 @@ class Worker {
       } else if (auto* recycle = std::get_if<ipc::RecycleMessage>(&message)) {
         for (const auto id : recycle->segment_ids) pool_.release(id);
       } else if (auto* epoch = std::get_if<ipc::NewEpochMessage>(&message)) {
-        if (stream_ && stream_->epoch() != epoch->epoch) stream_.reset();
+        (void)epoch;
+        stream_.reset();  // a new epoch iterator: the stream restarts, even for the same epoch
       } else {
         exit_now(0);
       }
@@ -227,6 +228,19 @@ class Worker {
       layout = collate::plan_batch(samples);
     }
     const SegmentPool::Lease lease = pool_.acquire(layout.total_bytes);
+    try {
+      fill_and_send(ready, layout, lease, samples, user_batch);
+    } catch (...) {
+      pool_.release(lease.id);  // not sent: the segment is free again
+      throw;
+    }
+  }
+
+  void fill_and_send(ipc::BatchReadyMessage& ready,
+                     const collate::BatchLayout& layout,
+                     const SegmentPool::Lease& lease,
+                     const std::vector<Example>& samples,
+                     const std::optional<Batch>& user_batch) {
     if (user_batch) {
       collate::write_batch(*user_batch, layout, lease.data);
     } else {

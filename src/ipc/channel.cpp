@@ -18,6 +18,9 @@ constexpr std::uint32_t kPacketMagic = 0x46525931;  // "FRY1"
 constexpr std::size_t kPacketBytes = 32 * 1024;     // well below the socket's send buffer
 constexpr std::size_t kHeaderBytes = 8;             // magic, total length
 constexpr int kMaxFds = 8;
+// A peer in the middle of a message writes its next packet at once; one that has not within
+// this long is stopped or stuck, and waiting on would hang the reader (and its loader's close).
+constexpr std::chrono::milliseconds kContinuationWait{2000};
 
 int poll_one(int fd, short events, std::optional<Clock::time_point> deadline) {
   for (;;) {
@@ -101,6 +104,9 @@ bool Channel::receive(std::vector<std::byte>& message, std::vector<UniqueFd>& fd
   std::size_t expected = 0;
   bool first = true;
   while (first || message.size() < expected) {
+    if (!first && poll_one(fd_.get(), POLLIN, Clock::now() + kContinuationWait) == 0) {
+      throw Error("channel: the peer stopped in the middle of a message (nothing for 2 s)");
+    }
     iovec iov{packet, kPacketBytes};
     msghdr msg{};
     msg.msg_iov = &iov;

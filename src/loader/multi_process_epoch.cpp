@@ -56,7 +56,7 @@ MultiProcessEpoch::MultiProcessEpoch(std::shared_ptr<LoaderState> state, std::ui
   std::erase_if(state_->pools, [](const auto& weak) { return weak.expired(); });
   if (state_->options.persistent_workers) {
     pool_ = state_->persistent_pool;
-    if (!pool_ || pool_->broken || pool_->stopped()) {
+    if (!pool_ || pool_->broken || pool_->stopped() || !pool_->all_started()) {
       pool_ = std::make_shared<WorkerPool>(*state_);
       state_->persistent_pool = pool_;
       state_->pools.push_back(pool_);
@@ -82,12 +82,21 @@ MultiProcessEpoch::MultiProcessEpoch(std::shared_ptr<LoaderState> state, std::ui
 
 void MultiProcessEpoch::start_workers() {
   pool_->owner_token = token_;
-  while (!pool_->all_started()) {
-    pool_->start_worker();
-    // A map-style epoch hands each worker its tasks as soon as it exists, so the first batch
-    // is loading while the next worker is forked (a fork of a LibTorch process costs
-    // milliseconds). An iterable epoch waits for all: its round robin must not depend on it.
-    if (!iterable_) dispatch_map();
+  try {
+    while (!pool_->all_started()) {
+      pool_->start_worker();
+      // A map-style epoch hands each worker its tasks as soon as it exists, so the first batch
+      // is loading while the next worker is forked (a fork of a LibTorch process costs
+      // milliseconds). An iterable epoch waits for all: its round robin must not depend on it.
+      if (!iterable_) dispatch_map();
+    }
+  } catch (...) {
+    // A half-started pool must never be reused (an iterable dataset sharded by worker would
+    // silently lose the missing workers' shards).
+    pool_->broken = true;
+    if (state_->persistent_pool == pool_) state_->persistent_pool.reset();
+    pool_->shutdown();
+    throw;
   }
 }
 
@@ -211,7 +220,7 @@ bool MultiProcessEpoch::send_task(WorkerSlot& w,
   const auto bytes = ipc::encode(
       ipc::IndexMessage(ipc::TaskMessage{epoch_, sequence, indices, std::move(w.recycled)}));
   w.recycled.clear();
-  w.in_flight.push_back(TaskRecord{epoch_, sequence, std::move(indices)});
+  w.in_flight.push_back(TaskRecord{token_, epoch_, sequence, std::move(indices)});
   std::optional<ipc::Clock::time_point> deadline;
   if (state_->options.timeout.count() > 0) deadline = ipc::Clock::now() + state_->options.timeout;
   switch (w.index.send(bytes, {}, deadline)) {
@@ -284,7 +293,14 @@ void MultiProcessEpoch::receive_from(WorkerSlot& w) {
     fail(std::current_exception());
   }
   if (!got) worker_died(w);
-  handle_message(w, bytes, fds);
+  try {
+    handle_message(w, bytes, fds);
+  } catch (...) {
+    // The task is already off in_flight: an unexpected error here (mmap failing, say) must end
+    // the epoch, or its batch would be waited for forever.
+    if (failed_) throw;
+    fail(std::current_exception());
+  }
 }
 
 void MultiProcessEpoch::handle_message(WorkerSlot& w,
@@ -303,8 +319,11 @@ void MultiProcessEpoch::handle_message(WorkerSlot& w,
           "DataLoader worker ", w.id, " (pid ", w.process.pid(), ") answered batch ", sequence,
           " of epoch ", epoch, ", which it was not asked for; this is a bug in ferry"))));
     }
+    // A worker answers in order, so the front record says who asked: an earlier iterator's
+    // answer is stale even when set_epoch() gave both iterators the same epoch number.
+    const bool current = w.in_flight.front().token == token_;
     w.in_flight.pop_front();
-    return epoch == epoch_;  // false: a stale answer from an earlier epoch
+    return current;
   };
   Result result;
   result.worker = w.id;
@@ -392,7 +411,7 @@ WorkerFailure MultiProcessEpoch::failure_of(const WorkerSlot& w) const {
   failure.pid = w.process.pid();
   failure.epoch = epoch_;
   for (const auto& task : w.in_flight) {
-    if (task.epoch != epoch_) continue;
+    if (task.token != token_) continue;
     if (failure.batch < 0) failure.batch = static_cast<std::int64_t>(task.sequence);
     failure.indices.insert(failure.indices.end(), task.indices.begin(), task.indices.end());
   }
@@ -416,7 +435,7 @@ void MultiProcessEpoch::worker_died(WorkerSlot& w) {
   }
   std::string held;
   for (const auto& task : w.in_flight) {
-    if (task.epoch != epoch_) continue;
+    if (task.token != token_) continue;
     held += held.empty() ? "" : "; ";
     held +=
         detail::str("batch ", task.sequence,
@@ -440,25 +459,20 @@ void MultiProcessEpoch::worker_died(WorkerSlot& w) {
 }
 
 void MultiProcessEpoch::timed_out(std::chrono::milliseconds waited) {
-  // The worker that holds the batch the loop waits for (in order), else the oldest task's.
+  // The task the loop waits for (in order: the next sequence), else this epoch's oldest task.
   WorkerSlot* culprit = nullptr;
+  const TaskRecord* held = nullptr;
   for (auto& w : pool_->workers) {
     if (w.dead) continue;
     for (const auto& task : w.in_flight) {
-      if (task.epoch == epoch_ && (!state_->options.in_order || task.sequence == next_delivery_)) {
+      if (task.token != token_) continue;
+      if (!state_->options.in_order || task.sequence == next_delivery_) {
         culprit = &w;
+        held = &task;
         break;
       }
     }
     if (culprit != nullptr) break;
-  }
-  if (culprit == nullptr) {
-    for (auto& w : pool_->workers) {
-      if (!w.dead && !w.in_flight.empty()) {
-        culprit = &w;
-        break;
-      }
-    }
   }
   pool_->broken = true;
   WorkerFailure failure;
@@ -466,12 +480,13 @@ void MultiProcessEpoch::timed_out(std::chrono::milliseconds waited) {
                                  static_cast<double>(waited.count()) / 1000.0, " s");
   if (culprit != nullptr) {
     failure = failure_of(*culprit);
-    const auto& task = culprit->in_flight.front();
-    what += detail::str(" from worker ", culprit->id, " (pid ", culprit->process.pid(),
-                        "), which holds batch ", task.sequence, " of epoch ", task.epoch,
-                        iterable_ ? std::string() : " (indices " + list_indices(task.indices) + ")",
-                        "; the worker was killed. Raise timeout, or look at what the dataset does "
-                        "for these indices");
+    failure.batch = static_cast<std::int64_t>(held->sequence);
+    what +=
+        detail::str(" from worker ", culprit->id, " (pid ", culprit->process.pid(),
+                    "), which holds batch ", held->sequence, " of epoch ", held->epoch,
+                    iterable_ ? std::string() : " (indices " + list_indices(held->indices) + ")",
+                    "; the worker was killed. Raise timeout, or look at what the dataset does "
+                    "for these indices");
     culprit->process.terminate(std::chrono::milliseconds(0));
     culprit->dead = true;
   }

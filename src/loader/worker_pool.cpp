@@ -32,10 +32,15 @@ void LoaderState::close() noexcept {
   const std::uint64_t one = 1;
   (void)!::write(wake.get(), &one, sizeof one);
   std::lock_guard<std::mutex> lock(use_mutex);  // an iterator in next() wakes and leaves
-  persistent_pool.reset();
+  std::vector<std::shared_ptr<WorkerPool>> live;
   for (auto& weak : pools) {
-    if (auto pool = weak.lock()) pool->shutdown();
+    if (auto pool = weak.lock()) live.push_back(std::move(pool));
   }
+  // Every pool's workers get the same grace period, not one each.
+  for (auto& pool : live) pool->request_stop();
+  const auto deadline = std::chrono::steady_clock::now() + WorkerPool::kShutdownGrace;
+  for (auto& pool : live) pool->finish_stop(deadline);
+  persistent_pool.reset();
   pools.clear();
 }
 
@@ -43,8 +48,7 @@ void WorkerPool::start_worker() {
   const DataLoaderOptions& o = state_.options;
   FERRY_ASSERT(workers.size() < o.num_workers && !stopped_);
   workers.reserve(o.num_workers);
-  auto [main_index, worker_index] = ipc::Channel::pair();
-  auto [main_data, worker_data] = ipc::Channel::pair();
+  auto [main_index, main_data, worker_index, worker_data] = workers::make_worker_channels();
 
   workers::WorkerSpec spec;
   spec.worker_id = workers.size();
@@ -67,10 +71,8 @@ void WorkerPool::start_worker() {
   child_ends.push_back(worker_index.release());
   child_ends.push_back(worker_data.release());
 
-  // The main process's ends: registered before the fork, so no worker (this one included)
-  // keeps them open; unregistered again if the fork fails.
-  workers::register_parent_only_fd(main_index.fd());
-  workers::register_parent_only_fd(main_data.fd());
+  // The main process's ends are registered (make_worker_channels), so no worker, this one
+  // included, keeps them open; unregistered again if the fork fails.
   pid_t pid = -1;
   try {
     pid = workers::fork_worker(
@@ -93,8 +95,13 @@ void WorkerPool::start_worker() {
 }
 
 void WorkerPool::shutdown() noexcept {
-  if (stopped_) return;
-  stopped_ = true;
+  request_stop();
+  finish_stop(std::chrono::steady_clock::now() + kShutdownGrace);
+}
+
+void WorkerPool::request_stop() noexcept {
+  if (stop_requested_) return;
+  stop_requested_ = true;
   const auto stop = ipc::encode(ipc::IndexMessage(ipc::StopMessage{}));
   const auto soon = ipc::Clock::now() + std::chrono::milliseconds(20);
   for (auto& w : workers) {
@@ -106,7 +113,12 @@ void WorkerPool::shutdown() noexcept {
     workers::unregister_parent_only_fd(w.index.fd());
     w.index.close();  // EOF for a worker that missed the stop message
   }
-  const auto deadline = std::chrono::steady_clock::now() + kShutdownGrace;
+}
+
+void WorkerPool::finish_stop(std::chrono::steady_clock::time_point deadline) noexcept {
+  request_stop();
+  if (stopped_) return;
+  stopped_ = true;
   for (auto& w : workers) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());

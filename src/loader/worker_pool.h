@@ -23,6 +23,7 @@ struct RecycleQueue {
 };
 
 struct TaskRecord {
+  std::uint64_t token = 0;  // the epoch iterator that sent it (epoch numbers can repeat)
   std::uint64_t epoch = 0;
   std::uint64_t sequence = 0;
   std::vector<std::int64_t> indices;
@@ -58,6 +59,10 @@ class WorkerPool {
   // process is reaped. Idempotent.
   void shutdown() noexcept;
   bool stopped() const noexcept { return stopped_; }
+  // shutdown() in two halves, so several pools share one grace period: ask every worker to
+  // stop, then wait for all of them until `deadline`, then SIGKILL and reap.
+  void request_stop() noexcept;
+  void finish_stop(std::chrono::steady_clock::time_point deadline) noexcept;
 
   // Moves the segments the training loop released to their workers' `recycled` lists.
   void collect_recycles();
@@ -73,6 +78,7 @@ class WorkerPool {
 
  private:
   const LoaderState& state_;  // outlives the pool: the state owns or outlives every pool
+  bool stop_requested_ = false;
   bool stopped_ = false;
 };
 

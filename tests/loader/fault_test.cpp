@@ -556,6 +556,23 @@ TEST(Shutdown, DestroyingTheLoaderWakesAThreadBlockedInNext) {  // row 11
   });
 }
 
+TEST(Shutdown, SeveralStuckPoolsShareOneGracePeriod) {
+  // Two iterators of one loader (each with its own workers), each with a worker stuck in get():
+  // destroying the loader waits one grace period for all of them, not one each.
+  in_child([] {
+    auto loader = std::make_unique<DataLoader>(
+        std::make_shared<FaultyDataset>(40, 5, FaultyDataset::Fault::kHang),
+        DataLoaderOptions{.batch_size = 1, .num_workers = 1, .prefetch_factor = 8});
+    auto first = loader->begin();   // its worker runs ahead into index 5 and hangs there
+    auto second = loader->begin();  // and so does this one's
+    std::this_thread::sleep_for(200ms);
+    const auto start = Clock::now();
+    loader.reset();
+    REQUIRE(seconds_since(start) < 1.6, "closing took ", seconds_since(start), " s");
+    return 0;
+  });
+}
+
 TEST(Resources, DescriptorsStayFixedUnderALowLimitAndHeldBatches) {  // row 19
   in_child(
       [] {

@@ -216,6 +216,66 @@ TEST(MultiProcess, BreakMidEpochThenTheNextEpochIsExactlyOnceWithNoStaleBatch) {
   }
 }
 
+TEST(MultiProcess, ReusingAnEpochNumberNeverDeliversTheEarlierIteratorsBatches) {
+  // Regression: staleness was judged by epoch number, and set_epoch() can repeat one. A sampler
+  // whose order flips on every call makes a stale batch visible.
+  class Flipping : public Sampler {
+   public:
+    std::size_t size() const override { return 48; }
+    std::vector<std::int64_t> indices(std::uint64_t) override {
+      std::vector<std::int64_t> out(48);
+      for (std::int64_t i = 0; i < 48; ++i)
+        out[static_cast<std::size_t>(i)] = flipped_ ? 47 - i : i;
+      flipped_ = !flipped_;
+      return out;
+    }
+
+   private:
+    bool flipped_ = false;
+  };
+  auto sampler = std::make_shared<Flipping>();
+  DataLoader loader(
+      std::make_shared<LedgerDataset>(48, 64, 300),
+      {.batch_size = 2, .num_workers = 2, .prefetch_factor = 4, .persistent_workers = true},
+      sampler);
+  loader.set_epoch(0);
+  {
+    auto it = loader.begin();  // order 0, 1, 2, ...; break with every prefetch slot full
+    ++it;
+  }
+  loader.set_epoch(0);
+  std::vector<std::int64_t> got;
+  for (auto& batch : loader) {
+    for (auto i : batch.indices()) got.push_back(i);
+    for (std::int64_t r = 0; r < batch["index"].size(0); ++r) {
+      EXPECT_EQ(batch["index"][r].item<std::int64_t>(),
+                batch.indices()[static_cast<std::size_t>(r)]);
+    }
+  }
+  std::vector<std::int64_t> expected(48);
+  for (std::int64_t i = 0; i < 48; ++i) expected[static_cast<std::size_t>(i)] = 47 - i;
+  EXPECT_EQ(got, expected);
+}
+
+TEST(MultiProcess, ReusingAnEpochNumberRestartsIterableStreams) {
+  DataLoader loader(std::make_shared<CountingStream>(20),
+                    {.batch_size = 2, .num_workers = 2, .persistent_workers = true});
+  loader.set_epoch(3);
+  {
+    auto it = loader.begin();
+    ++it;
+  }
+  loader.set_epoch(3);
+  std::multiset<std::int64_t> values;
+  for (auto& batch : loader) {
+    const auto v = batch["value"];
+    for (std::int64_t i = 0; i < v.size(0); ++i) values.insert(v[i].item<std::int64_t>());
+  }
+  std::multiset<std::int64_t> expected;
+  for (std::int64_t i = 0; i < 20; ++i) expected.insert(i);
+  EXPECT_EQ(values, expected);
+}
+
 TEST(MultiProcess, WorkerInitFnRunsOncePerWorkerInTheWorker) {
   // Each worker writes its id into a pipe from worker_init_fn.
   int fds[2];
