@@ -172,6 +172,9 @@ class Worker {
       if (spec_.dataset) {
         samples.reserve(task.indices.size());
         for (const std::int64_t index : task.indices) {
+          // Between samples of a batch: a loader that is shutting down has hung up; stop now
+          // rather than after the whole batch (a slow dataset could outlast the grace period).
+          if (!samples.empty() && index_.peer_hung_up()) exit_now(0);
           failing_index = index;
           const SampleWatchdog watchdog(spec_.sample_timeout, index);
           auto one = fetch_samples(*spec_.dataset, std::span<const std::int64_t>(&index, 1),

@@ -163,6 +163,15 @@ bool Channel::spin_until_readable(std::chrono::microseconds spin) const {
   return false;
 }
 
+bool Channel::peer_hung_up() const {
+  pollfd p{fd_.get(), POLLIN, 0};
+  return ::poll(&p, 1, 0) > 0 && (p.revents & POLLHUP);
+}
+
+void Channel::shutdown() noexcept {
+  if (fd_) (void)::shutdown(fd_.get(), SHUT_RDWR);
+}
+
 bool Channel::readable_now() const {
   pollfd p{fd_.get(), POLLIN, 0};
   return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLIN | POLLHUP | POLLERR));

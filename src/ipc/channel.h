@@ -43,6 +43,10 @@ class Channel {
 
   /// True if a whole packet can be read now without blocking (or the peer hung up).
   bool readable_now() const;
+  /// True once the peer has closed its end (messages may still be queued to read).
+  bool peer_hung_up() const;
+  /// Stops both directions without closing: the peer's sends fail from now on.
+  void shutdown() noexcept;
   /// Polls without sleeping for up to `spin`; true as soon as the channel is readable. A reader
   /// that spins briefly before blocking usually finds the peer's next message already there,
   /// and skips a sleep and a cross-CPU wake-up, which dominate small-batch latency.

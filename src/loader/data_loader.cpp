@@ -1,5 +1,6 @@
 #include "ferry/data_loader.h"
 
+#include <thread>
 #include <typeinfo>
 
 #include <ATen/Context.h>
@@ -122,6 +123,11 @@ std::shared_ptr<LoaderState> make_state(DataLoaderOptions options, CollateFn col
           "ferry: pin_memory=true but no CUDA device is available; batches are not "
           "pinned");
     }
+  }
+  if (o.num_workers > std::thread::hardware_concurrency()) {
+    TORCH_WARN_ONCE("ferry: num_workers=", o.num_workers, " but this machine has ",
+                    std::thread::hardware_concurrency(),
+                    " hardware threads; more workers than cores usually slows loading down");
   }
   FERRY_CHECK(o.num_workers == 0 || o.start_method == StartMethod::kFork,
               "start_method=", to_string(o.start_method),

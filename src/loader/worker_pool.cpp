@@ -112,6 +112,9 @@ void WorkerPool::request_stop() noexcept {
     }
     workers::unregister_parent_only_fd(w.index.fd());
     w.index.close();  // EOF for a worker that missed the stop message
+    // Its next "batch ready" fails, so a worker with tasks queued behind the stop message
+    // exits after the batch in hand instead of loading them all.
+    w.data.shutdown();
   }
 }
 
@@ -122,7 +125,15 @@ void WorkerPool::finish_stop(std::chrono::steady_clock::time_point deadline) noe
   for (auto& w : workers) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
-    (void)w.process.terminate(std::max(left, std::chrono::milliseconds(0)));
+    const bool was_dead = w.dead || w.process.reaped();
+    const ipc::ExitStatus status =
+        w.process.terminate(std::max(left, std::chrono::milliseconds(0)));
+    // A worker asked to stop exits 0 at once; say so when one had to be killed (stuck in the
+    // dataset's get, say) or ended otherwise, since that is worth knowing.
+    if (!was_dead && (status.signal != 0 || status.exit_code != 0)) {
+      std::fprintf(stderr, "ferry: DataLoader worker %zu (pid %d) did not stop when asked and %s\n",
+                   w.id, static_cast<int>(w.process.pid()), status.describe().c_str());
+    }
     if (w.data.valid()) {
       workers::unregister_parent_only_fd(w.data.fd());
       w.data.close();

@@ -45,12 +45,18 @@ using testing::RangeDataset;
     }                                                                                            \
   } while (false)
 
-// Runs `body` in a child with a generous deadline and expects it to exit 0.
-void in_child(const std::function<int()>& body, std::chrono::milliseconds deadline = 60s) {
+// Runs `body` in a child with a generous deadline and expects it to exit 0. Unless the test
+// leaves workers stuck on purpose, every worker must also have stopped when asked (exit 0).
+void in_child(const std::function<int()>& body,
+              std::chrono::milliseconds deadline = 60s,
+              bool workers_may_be_killed = false) {
   const auto r = testing::run_in_child(body, deadline);
   EXPECT_FALSE(r.timed_out) << "hung; output:\n" << r.output;
   EXPECT_EQ(r.signal, 0) << "killed by signal " << r.signal << "; output:\n" << r.output;
   EXPECT_EQ(r.exit_code, 0) << r.output;
+  if (!workers_may_be_killed) {
+    EXPECT_THAT(r.output, ::testing::Not(::testing::HasSubstr("did not stop when asked")));
+  }
 }
 
 double seconds_since(Clock::time_point start) {
@@ -530,47 +536,74 @@ TEST(Shutdown, DestroyingAtEveryStageIsBoundedAndLeavesNothing) {  // rows 9, 10
 }
 
 TEST(Shutdown, DestroyingTheLoaderWakesAThreadBlockedInNext) {  // row 11
+  in_child(
+      [] {
+        auto loader = std::make_unique<DataLoader>(
+            std::make_shared<FaultyDataset>(40, 0, FaultyDataset::Fault::kHang),
+            DataLoaderOptions{.batch_size = 2, .num_workers = 1});
+        std::atomic<bool> closed_seen{false};
+        Clock::time_point woke;
+        std::thread consumer([&] {
+          auto it = loader->begin();  // batch 0 never comes: blocks in next()
+          woke = Clock::now();
+          try {
+            (void)*it;
+          } catch (const LoaderClosed&) {
+            closed_seen = true;
+          }
+        });
+        std::this_thread::sleep_for(300ms);
+        const auto start = Clock::now();
+        loader.reset();
+        consumer.join();
+        REQUIRE(closed_seen.load(), "the blocked consumer did not get LoaderClosed");
+        REQUIRE(seconds_since(start) < 2.0, "closing took ", seconds_since(start), " s");
+        REQUIRE(std::chrono::duration<double>(woke - start).count() < 2.0);
+        return 0;
+      },
+      60s, /*workers_may_be_killed=*/true);
+}
+
+TEST(Shutdown, WorkersAskedToStopLeaveQueuedWorkUndone) {  // row 10: exit 0, promptly
   in_child([] {
-    auto loader = std::make_unique<DataLoader>(
-        std::make_shared<FaultyDataset>(40, 0, FaultyDataset::Fault::kHang),
-        DataLoaderOptions{.batch_size = 2, .num_workers = 1});
-    std::atomic<bool> closed_seen{false};
-    Clock::time_point woke;
-    std::thread consumer([&] {
-      auto it = loader->begin();  // batch 0 never comes: blocks in next()
-      woke = Clock::now();
-      try {
-        (void)*it;
-      } catch (const LoaderClosed&) {
-        closed_seen = true;
+    class Slow : public LedgerDataset {
+     public:
+      Slow() : LedgerDataset(400, 64) {}
+      Example get(std::size_t i, SampleContext& ctx) const override {
+        std::this_thread::sleep_for(40ms);
+        return LedgerDataset::get(i, ctx);
       }
-    });
-    std::this_thread::sleep_for(300ms);
+    };
+    // 2 workers x 4 tasks x 8 samples x 40 ms: over a second of queued work each.
+    auto loader = std::make_unique<DataLoader>(
+        std::make_shared<Slow>(),
+        DataLoaderOptions{.batch_size = 8, .num_workers = 2, .prefetch_factor = 4});
+    auto it = loader->begin();
     const auto start = Clock::now();
+    it = DataLoader::Iterator();
     loader.reset();
-    consumer.join();
-    REQUIRE(closed_seen.load(), "the blocked consumer did not get LoaderClosed");
-    REQUIRE(seconds_since(start) < 2.0, "closing took ", seconds_since(start), " s");
-    REQUIRE(std::chrono::duration<double>(woke - start).count() < 2.0);
+    REQUIRE(seconds_since(start) < 0.5, "stopping took ", seconds_since(start), " s");
     return 0;
-  });
+  });  // and in_child checks that no worker had to be killed
 }
 
 TEST(Shutdown, SeveralStuckPoolsShareOneGracePeriod) {
   // Two iterators of one loader (each with its own workers), each with a worker stuck in get():
   // destroying the loader waits one grace period for all of them, not one each.
-  in_child([] {
-    auto loader = std::make_unique<DataLoader>(
-        std::make_shared<FaultyDataset>(40, 5, FaultyDataset::Fault::kHang),
-        DataLoaderOptions{.batch_size = 1, .num_workers = 1, .prefetch_factor = 8});
-    auto first = loader->begin();   // its worker runs ahead into index 5 and hangs there
-    auto second = loader->begin();  // and so does this one's
-    std::this_thread::sleep_for(200ms);
-    const auto start = Clock::now();
-    loader.reset();
-    REQUIRE(seconds_since(start) < 1.6, "closing took ", seconds_since(start), " s");
-    return 0;
-  });
+  in_child(
+      [] {
+        auto loader = std::make_unique<DataLoader>(
+            std::make_shared<FaultyDataset>(40, 5, FaultyDataset::Fault::kHang),
+            DataLoaderOptions{.batch_size = 1, .num_workers = 1, .prefetch_factor = 8});
+        auto first = loader->begin();   // its worker runs ahead into index 5 and hangs there
+        auto second = loader->begin();  // and so does this one's
+        std::this_thread::sleep_for(200ms);
+        const auto start = Clock::now();
+        loader.reset();
+        REQUIRE(seconds_since(start) < 1.6, "closing took ", seconds_since(start), " s");
+        return 0;
+      },
+      60s, /*workers_may_be_killed=*/true);
 }
 
 TEST(Resources, DescriptorsStayFixedUnderALowLimitAndHeldBatches) {  // row 19
