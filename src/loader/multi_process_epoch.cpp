@@ -391,6 +391,7 @@ void MultiProcessEpoch::handle_message(WorkerSlot& w,
     if (!complete(m->epoch, m->sequence)) return;
     result.stream_end = true;
   } else if (auto* m = std::get_if<ipc::WorkerErrorMessage>(&message)) {
+    w.dead = true;  // it exits after reporting (code 1), by design
     WorkerFailure failure = failure_of(w);
     failure.type_name = m->type_name;
     failure.message = m->message;
