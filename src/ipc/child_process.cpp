@@ -56,7 +56,8 @@ ChildProcess::ChildProcess(pid_t pid) : pid_(pid) {
 ChildProcess::ChildProcess(ChildProcess&& other) noexcept
     : pid_(std::exchange(other.pid_, -1)),
       pidfd_(std::move(other.pidfd_)),
-      status_(std::move(other.status_)) {}
+      status_(std::move(other.status_)),
+      killed_by_terminate_(other.killed_by_terminate_) {}
 
 ChildProcess& ChildProcess::operator=(ChildProcess&& other) noexcept {
   if (this != &other) {
@@ -64,6 +65,7 @@ ChildProcess& ChildProcess::operator=(ChildProcess&& other) noexcept {
     pid_ = std::exchange(other.pid_, -1);
     pidfd_ = std::move(other.pidfd_);
     status_ = std::move(other.status_);
+    killed_by_terminate_ = other.killed_by_terminate_;
   }
   return *this;
 }
@@ -102,6 +104,7 @@ ExitStatus ChildProcess::terminate(std::chrono::milliseconds grace) noexcept {
     }
     if (status_) return *status_;
   }
+  killed_by_terminate_ = true;
   (void)::kill(pid_, SIGKILL);  // works on stopped processes too
   int status = 0;
   for (;;) {

@@ -48,11 +48,14 @@ class ChildProcess {
   void kill(int signal) noexcept;
   /// The status of a reaped child.
   const std::optional<ExitStatus>& status() const noexcept { return status_; }
+  /// True if terminate() had to SIGKILL the child because it had not exited within the grace.
+  bool killed_by_terminate() const noexcept { return killed_by_terminate_; }
 
  private:
   pid_t pid_ = -1;
   UniqueFd pidfd_;
   std::optional<ExitStatus> status_;
+  bool killed_by_terminate_ = false;
 };
 
 }  // namespace ferry::ipc

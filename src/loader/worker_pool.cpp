@@ -126,13 +126,14 @@ void WorkerPool::finish_stop(std::chrono::steady_clock::time_point deadline) noe
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
     const bool was_dead = w.dead || w.process.reaped();
-    const ipc::ExitStatus status =
-        w.process.terminate(std::max(left, std::chrono::milliseconds(0)));
-    // A worker asked to stop exits 0 at once; say so when one had to be killed (stuck in the
-    // dataset's get, say) or ended otherwise, since that is worth knowing.
-    if (!was_dead && (status.signal != 0 || status.exit_code != 0)) {
-      std::fprintf(stderr, "ferry: DataLoader worker %zu (pid %d) did not stop when asked and %s\n",
-                   w.id, static_cast<int>(w.process.pid()), status.describe().c_str());
+    (void)w.process.terminate(std::max(left, std::chrono::milliseconds(0)));
+    // A worker asked to stop finishes the sample in hand and exits 0; one stuck in the
+    // dataset's get had to be killed, which is worth saying.
+    if (!was_dead && w.process.killed_by_terminate()) {
+      std::fprintf(stderr,
+                   "ferry: DataLoader worker %zu (pid %d) did not stop when asked and was killed "
+                   "(stuck in Dataset::get?)\n",
+                   w.id, static_cast<int>(w.process.pid()));
     }
     if (w.data.valid()) {
       workers::unregister_parent_only_fd(w.data.fd());
