@@ -48,6 +48,11 @@ void write_batch(const std::vector<Example>& samples, const BatchLayout& layout,
 BatchLayout plan_batch(const Batch& batch);
 void write_batch(const Batch& batch, const BatchLayout& layout, std::byte* base);
 
+class BufferPool;
+
+// The default collate: plans the samples, writes them into one buffer from `pool`, and views it.
+Batch collate_into(const std::vector<Example>& samples, BufferPool& pool);
+
 // A Batch whose tensors view `base`; each keeps `owner` alive, so the memory lives as long as
 // the last tensor that points into it. String fields are taken from `samples`.
 Batch view_batch(const BatchLayout& layout,

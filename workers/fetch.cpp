@@ -6,6 +6,23 @@
 
 namespace ferry::workers {
 
+Example fetch_sample(const Dataset& dataset,
+                     std::size_t dataset_size,
+                     std::int64_t index,
+                     std::uint64_t epoch,
+                     const WorkerIdentity& who) {
+  if (index < 0 || static_cast<std::size_t>(index) >= dataset_size) {
+    throw DataError(detail::str("sampler yielded index ", index, " but the dataset has ",
+                                dataset_size, " samples (valid: 0..",
+                                dataset_size == 0 ? 0 : dataset_size - 1,
+                                "); check the sampler or the dataset's size()"));
+  }
+  SampleContext ctx(who.base_seed, epoch, index, who.worker_id, who.num_workers);
+  Example example = dataset.get(static_cast<std::size_t>(index), ctx);
+  example.set_index(index);
+  return example;
+}
+
 std::vector<Example> fetch_samples(const Dataset& dataset,
                                    std::span<const std::int64_t> indices,
                                    std::uint64_t epoch,
@@ -14,15 +31,7 @@ std::vector<Example> fetch_samples(const Dataset& dataset,
   samples.reserve(indices.size());
   const std::size_t size = dataset.size();
   for (const std::int64_t index : indices) {
-    if (index < 0 || static_cast<std::size_t>(index) >= size) {
-      throw DataError(detail::str("sampler yielded index ", index, " but the dataset has ", size,
-                                  " samples (valid: 0..", size == 0 ? 0 : size - 1,
-                                  "); check the sampler or the dataset's size()"));
-    }
-    SampleContext ctx(who.base_seed, epoch, index, who.worker_id, who.num_workers);
-    Example example = dataset.get(static_cast<std::size_t>(index), ctx);
-    example.set_index(index);
-    samples.push_back(std::move(example));
+    samples.push_back(fetch_sample(dataset, size, index, epoch, who));
   }
   return samples;
 }
@@ -70,11 +79,7 @@ Batch collate_samples(std::vector<Example> samples,
   if (collate_fn) {
     batch = collate_fn(std::move(samples));
   } else {
-    const collate::BatchLayout layout = collate::plan_batch(samples);
-    const std::shared_ptr<void> buffer = pool.acquire(layout.total_bytes);
-    auto* base = static_cast<std::byte*>(buffer.get());
-    collate::write_batch(samples, layout, base);
-    batch = collate::view_batch(layout, base, buffer, samples);
+    batch = collate::collate_into(samples, pool);
   }
   batch.set_indices(std::move(indices));
   batch.set_position(epoch, sequence);

@@ -19,6 +19,14 @@ struct WorkerIdentity {
   std::uint64_t base_seed = 0;
 };
 
+// Loads sample `index` (checked against `dataset_size`) with its own SampleContext and tags it
+// with its index.
+Example fetch_sample(const Dataset& dataset,
+                     std::size_t dataset_size,
+                     std::int64_t index,
+                     std::uint64_t epoch,
+                     const WorkerIdentity& who);
+
 // Loads the samples of one batch of a map-style dataset, each with its own SampleContext seeded
 // from (base_seed, epoch, index), and tags each with its dataset index. Throws ferry::DataError
 // for an index outside the dataset; the dataset's own exceptions pass through unchanged.

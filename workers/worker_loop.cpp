@@ -177,9 +177,7 @@ class Worker {
           if (!samples.empty() && index_.peer_hung_up()) exit_now(0);
           failing_index = index;
           const SampleWatchdog watchdog(spec_.sample_timeout, index);
-          auto one = fetch_samples(*spec_.dataset, std::span<const std::int64_t>(&index, 1),
-                                   task.epoch, who_);
-          samples.push_back(std::move(one.front()));
+          samples.push_back(fetch_sample(*spec_.dataset, dataset_size_, index, task.epoch, who_));
         }
         failing_index = -1;
       } else if (!read_stream(task, samples)) {
@@ -322,6 +320,7 @@ class Worker {
   SegmentPool pool_;
   WorkerIdentity who_;
   std::optional<StreamReader> stream_;
+  std::size_t dataset_size_ = spec_.dataset ? spec_.dataset->size() : 0;
 };
 
 }  // namespace

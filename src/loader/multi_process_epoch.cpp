@@ -236,8 +236,8 @@ bool MultiProcessEpoch::send_task(WorkerSlot& w,
 
 void MultiProcessEpoch::wait_and_receive(std::optional<ipc::Clock::time_point> deadline) {
   auto& workers = pool_->workers;
-  std::vector<pollfd> fds;
-  fds.reserve(1 + 2 * workers.size());
+  std::vector<pollfd>& fds = pollfds_;  // reused: this runs once per batch waited for
+  fds.clear();
   fds.push_back({state_->wake.get(), POLLIN, 0});
   for (const auto& w : workers) {
     fds.push_back({w.dead ? -1 : w.data.fd(), POLLIN, 0});

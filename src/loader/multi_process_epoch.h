@@ -1,5 +1,7 @@
 #pragma once
 
+#include <poll.h>
+
 #include <cstdint>
 #include <deque>
 #include <exception>
@@ -66,6 +68,7 @@ class MultiProcessEpoch final : public EpochIterator {
   bool spin_;  // poll briefly before sleeping: only when main and workers each have a core
   static constexpr std::chrono::microseconds kSpinBeforeSleep{50};
   bool failed_ = false;
+  std::vector<pollfd> pollfds_;
 };
 
 }  // namespace ferry::detail
