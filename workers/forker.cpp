@@ -45,6 +45,7 @@ std::set<int>& registry() {
 }
 
 struct ForkRequest {
+  std::function<pid_t()> start;  // set: run this instead of forking
   std::function<void()> child_main;
   std::vector<ipc::UniqueFd> close_after_fork;
   std::promise<pid_t> result;
@@ -61,7 +62,14 @@ class Forker {
   }
 
   pid_t fork(std::function<void()> child_main, std::vector<ipc::UniqueFd> close_after_fork) {
-    ForkRequest request{std::move(child_main), std::move(close_after_fork), {}};
+    return submit(ForkRequest{{}, std::move(child_main), std::move(close_after_fork), {}});
+  }
+  pid_t start(std::function<pid_t()> start) {
+    return submit(ForkRequest{std::move(start), {}, {}, {}});
+  }
+
+ private:
+  pid_t submit(ForkRequest request) {
     auto future = request.result.get_future();
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -71,7 +79,6 @@ class Forker {
     return future.get();
   }
 
- private:
   Forker() : thread_([this] { run(); }) { thread_.detach(); }
 
   void run() {
@@ -82,6 +89,14 @@ class Forker {
         cv_.wait(lock, [this] { return !queue_.empty(); });
         request = queue_.front();
         queue_.pop_front();
+      }
+      if (request->start) {
+        try {
+          request->result.set_value(request->start());
+        } catch (...) {
+          request->result.set_exception(std::current_exception());
+        }
+        continue;
       }
       // Hold the registry while forking, so the child's snapshot is exact. The child never
       // touches the (copied, locked) mutex: it uses the set as it was at fork time.
@@ -143,6 +158,10 @@ WorkerChannels make_worker_channels() {
 
 pid_t fork_worker(std::function<void()> child_main, std::vector<ipc::UniqueFd> close_after_fork) {
   return Forker::instance().fork(std::move(child_main), std::move(close_after_fork));
+}
+
+pid_t start_on_forker_thread(std::function<pid_t()> start) {
+  return Forker::instance().start(std::move(start));
 }
 
 }  // namespace ferry::workers

@@ -34,4 +34,9 @@ WorkerChannels make_worker_channels();
 // std::system_error.
 pid_t fork_worker(std::function<void()> child_main, std::vector<ipc::UniqueFd> close_after_fork);
 
+// Runs `start` (which starts a process: posix_spawn of a worker or of a forkserver) on the same
+// long-lived thread, for the same reason: the new process's parent-death signal must mean "the
+// process died", not "the thread that started it ended". Returns what `start` returns; rethrows.
+pid_t start_on_forker_thread(std::function<pid_t()> start);
+
 }  // namespace ferry::workers

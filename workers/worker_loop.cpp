@@ -88,7 +88,9 @@ void on_fatal_signal(int signal) {
   ::raise(signal);
 }
 
-void install_process_settings(const WorkerSpec& spec) {
+}  // namespace
+
+void prepare_worker_process(const WorkerSpec& spec) {
   at::set_num_threads(1);
   // A worker allocates and frees the same large sample buffers batch after batch. glibc would
   // hand them back to the kernel each time (mmap for blocks over 128 KiB, heap trimming), so
@@ -114,6 +116,8 @@ void install_process_settings(const WorkerSpec& spec) {
     ::signal(SIGALRM, on_sample_timeout);
   }
 }
+
+namespace {
 
 class Worker {
  public:
@@ -336,7 +340,7 @@ std::string current_exception_type_name() {
 }
 
 void run_worker(const WorkerSpec& spec, ipc::Channel index, ipc::Channel data) {
-  install_process_settings(spec);
+  prepare_worker_process(spec);
   try {
     Worker worker(spec, std::move(index), std::move(data));
     worker.run();

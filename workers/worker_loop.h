@@ -38,6 +38,10 @@ struct WorkerSpec {
 // DESIGN.md), parent-death signal, SIGINT ignored, crash messages on fatal signals. Then
 // worker_init_fn, then tasks from `index` until Stop or EOF. Never returns: exits 0 on a
 // requested stop, 1 after reporting a fatal error.
+// The process settings run_worker starts with (one intra-op thread, parent-death signal, SIGINT
+// ignored, crash and watchdog messages). Spawned workers call it before rebuilding the dataset.
+void prepare_worker_process(const WorkerSpec& spec);
+
 [[noreturn]] void run_worker(const WorkerSpec& spec, ipc::Channel index, ipc::Channel data);
 
 // The exit code of a worker whose sample outran sample_timeout.

@@ -20,6 +20,11 @@ enum class StartMethod {
 
 std::string_view to_string(StartMethod method) noexcept;
 
+/// The start method of loaders that leave `start_method` unset (initially fork), as
+/// `torch.multiprocessing.set_start_method`. Thread-safe.
+void set_default_start_method(StartMethod method) noexcept;
+StartMethod default_start_method() noexcept;
+
 inline constexpr std::size_t kDefaultPrefetchFactor = 2;
 
 /// Options for `DataLoader`; names and defaults follow torch.utils.data.DataLoader. Objects (the
@@ -38,7 +43,9 @@ struct DataLoaderOptions {
   std::function<void(std::size_t worker_id)> worker_init_fn{};  // runs once in each worker
   bool in_order = true;
   std::optional<std::uint64_t> seed{};  // PyTorch: generator; unset: drawn once per loader
-  StartMethod start_method = StartMethod::kFork;
+  /// Unset: default_start_method(). spawn and forkserver rebuild the dataset in each worker from
+  /// the registry, and need ferry::init(argc, argv) first thing in main (see ferry/init.h).
+  std::optional<StartMethod> start_method{};
   std::optional<torch::Device> device{};  // copy each batch here (e.g. torch::kCUDA)
   /// Not in PyTorch: a worker whose `Dataset::get` runs longer than this for one sample is
   /// killed and the loop gets a TimeoutError (0: no limit). Needs num_workers > 0.

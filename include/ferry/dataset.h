@@ -4,10 +4,25 @@
 #include <memory>
 #include <optional>
 
+#include "ferry/config.h"
 #include "ferry/example.h"
 #include "ferry/sample_context.h"
 
 namespace ferry {
+
+namespace detail {
+// What the registry records on a component it built: how to build it again elsewhere.
+class Registered {
+ public:
+  /// How `ferry::Registry` built this object (type and resolved configuration), so that a
+  /// spawned worker can build it again; null for an object constructed directly in C++.
+  const ComponentSpec* spec() const noexcept { return spec_ ? &*spec_ : nullptr; }
+  void set_spec(ComponentSpec spec) { spec_ = std::move(spec); }
+
+ private:
+  std::optional<ComponentSpec> spec_;
+};
+}  // namespace detail
 
 /// A map-style dataset: `size()` samples, loaded by index.
 ///
@@ -15,7 +30,7 @@ namespace ferry {
 /// configuration under spawn) and, with `worker_threads > 1`, on several threads at once, so it
 /// is `const` and must not rely on state shared with the training loop. Changes made to the
 /// dataset in the main process after workers start do not reach them.
-class Dataset {
+class Dataset : public detail::Registered {
  public:
   virtual ~Dataset() = default;
   virtual std::size_t size() const = 0;
@@ -36,7 +51,7 @@ class ExampleStream {
 /// An iterable dataset: each worker runs its own stream and the epoch ends when every stream
 /// has ended. Split the data between workers with `ctx.worker_id()` and `ctx.num_workers()`, as
 /// with torch.utils.data.get_worker_info(); otherwise each worker yields every sample.
-class IterableDataset {
+class IterableDataset : public detail::Registered {
  public:
   virtual ~IterableDataset() = default;
   /// A new stream for the worker and epoch that `ctx` describes (`ctx.index()` is -1).

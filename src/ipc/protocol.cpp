@@ -135,12 +135,13 @@ class Reader {
   std::size_t pos_ = 0;
 };
 
-enum IndexType : std::uint16_t { kTask = 1, kRecycle = 2, kNewEpoch = 3, kStop = 4 };
+enum IndexType : std::uint16_t { kTask = 1, kRecycle = 2, kNewEpoch = 3, kStop = 4, kSetup = 5 };
 enum DataType : std::uint16_t {
   kBatchReady = 101,
   kSampleError = 102,
   kWorkerError = 103,
-  kStreamEnd = 104
+  kStreamEnd = 104,
+  kWorkerReady = 105
 };
 
 }  // namespace
@@ -159,6 +160,19 @@ std::vector<std::byte> encode(const IndexMessage& message) {
   } else if (const auto* m = std::get_if<NewEpochMessage>(&message)) {
     w.header(kNewEpoch);
     w.put(m->epoch);
+  } else if (const auto* m = std::get_if<SetupMessage>(&message)) {
+    w.header(kSetup);
+    w.put(m->worker_id);
+    w.put(m->num_workers);
+    w.put(m->base_seed);
+    w.put(m->batch_size);
+    w.put(static_cast<std::uint8_t>(m->drop_last));
+    w.put(m->keep_free_segments);
+    w.put(static_cast<std::uint8_t>(m->spin));
+    w.put(m->sample_timeout_ms);
+    w.put(m->parent_pid);
+    w.put(m->dataset_config);
+    w.put(m->collate_config);
   } else {
     w.header(kStop);
   }
@@ -193,6 +207,12 @@ std::vector<std::byte> encode(const DataMessage& message) {
     w.header(kStreamEnd);
     w.put(m->epoch);
     w.put(m->sequence);
+  } else if (const auto* m = std::get_if<WorkerReadyMessage>(&message)) {
+    w.header(kWorkerReady);
+    w.put(m->pid);
+    w.put(m->dataset_hash);
+    w.put(m->dataset_size);
+    w.put(m->collate_hash);
   }
   return w.take();
 }
@@ -219,6 +239,22 @@ IndexMessage decode_index(std::span<const std::byte> bytes) {
     case kStop:
       out = StopMessage{};
       break;
+    case kSetup: {
+      SetupMessage m;
+      m.worker_id = r.get<std::uint64_t>("worker id");
+      m.num_workers = r.get<std::uint64_t>("worker count");
+      m.base_seed = r.get<std::uint64_t>("seed");
+      m.batch_size = r.get<std::uint64_t>("batch size");
+      m.drop_last = r.get<std::uint8_t>("drop_last") != 0;
+      m.keep_free_segments = r.get<std::uint64_t>("free segments");
+      m.spin = r.get<std::uint8_t>("spin") != 0;
+      m.sample_timeout_ms = r.get<std::uint64_t>("sample timeout");
+      m.parent_pid = r.get<std::int64_t>("parent pid");
+      m.dataset_config = r.get_string("dataset configuration");
+      m.collate_config = r.get_string("collate configuration");
+      out = std::move(m);
+      break;
+    }
     default:
       throw Error("ferry protocol: unknown message type on the index channel");
   }
@@ -267,6 +303,15 @@ DataMessage decode_data(std::span<const std::byte> bytes) {
       StreamEndMessage m;
       m.epoch = r.get<std::uint64_t>("epoch");
       m.sequence = r.get<std::uint64_t>("sequence");
+      out = m;
+      break;
+    }
+    case kWorkerReady: {
+      WorkerReadyMessage m;
+      m.pid = r.get<std::int64_t>("pid");
+      m.dataset_hash = r.get<std::uint64_t>("dataset hash");
+      m.dataset_size = r.get<std::int64_t>("dataset size");
+      m.collate_hash = r.get<std::uint64_t>("collate hash");
       out = m;
       break;
     }

@@ -14,7 +14,7 @@
 
 namespace ferry::ipc {
 
-inline constexpr std::uint16_t kProtocolVersion = 1;
+inline constexpr std::uint16_t kProtocolVersion = 2;
 
 // ---- index channel: main to worker ----
 struct TaskMessage {  // load batch `sequence` of `epoch` (map-style: these indices)
@@ -30,7 +30,24 @@ struct NewEpochMessage {  // persistent workers: epoch `epoch` starts (iterable:
   std::uint64_t epoch = 0;
 };
 struct StopMessage {};
-using IndexMessage = std::variant<TaskMessage, RecycleMessage, NewEpochMessage, StopMessage>;
+// spawn and forkserver: the first message a new worker gets. The dataset (and collate) travel
+// as canonical configuration text; the worker rebuilds them from its registry and answers with
+// WorkerReadyMessage carrying the hash of what it built.
+struct SetupMessage {
+  std::uint64_t worker_id = 0;
+  std::uint64_t num_workers = 1;
+  std::uint64_t base_seed = 0;
+  std::uint64_t batch_size = 1;
+  bool drop_last = false;
+  std::uint64_t keep_free_segments = 2;
+  bool spin = false;
+  std::uint64_t sample_timeout_ms = 0;
+  std::int64_t parent_pid = 0;
+  std::string dataset_config;  // Config::to_text()
+  std::string collate_config;  // empty: default collate
+};
+using IndexMessage =
+    std::variant<TaskMessage, RecycleMessage, NewEpochMessage, StopMessage, SetupMessage>;
 
 // ---- data channel: worker to main ----
 struct FieldMeta {
@@ -68,8 +85,17 @@ struct StreamEndMessage {  // iterable datasets: this worker's stream has ended
   std::uint64_t epoch = 0;
   std::uint64_t sequence = 0;
 };
-using DataMessage =
-    std::variant<BatchReadyMessage, SampleErrorMessage, WorkerErrorMessage, StreamEndMessage>;
+struct WorkerReadyMessage {  // spawn and forkserver: the dataset is rebuilt; tasks may come
+  std::int64_t pid = 0;
+  std::uint64_t dataset_hash = 0;  // of the configuration the worker resolved
+  std::int64_t dataset_size = -1;  // -1: an iterable dataset
+  std::uint64_t collate_hash = 0;  // 0: default collate
+};
+using DataMessage = std::variant<BatchReadyMessage,
+                                 SampleErrorMessage,
+                                 WorkerErrorMessage,
+                                 StreamEndMessage,
+                                 WorkerReadyMessage>;
 
 std::vector<std::byte> encode(const IndexMessage& message);
 std::vector<std::byte> encode(const DataMessage& message);

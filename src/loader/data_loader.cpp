@@ -7,11 +7,14 @@
 #include <c10/util/Exception.h>
 
 #include "ferry/error.h"
+#include "ferry/registry.h"
 
+#include "loader/cuda_state.h"
 #include "loader/epoch_iterator.h"
 #include "loader/loader_state.h"
 #include "loader/multi_process_epoch.h"
 #include "workers/fetch.h"
+#include "workers/spawn.h"
 
 namespace ferry {
 
@@ -129,10 +132,80 @@ std::shared_ptr<LoaderState> make_state(DataLoaderOptions options, CollateFn col
                     std::thread::hardware_concurrency(),
                     " hardware threads; more workers than cores usually slows loading down");
   }
-  FERRY_CHECK(o.num_workers == 0 || o.start_method == StartMethod::kFork,
-              "start_method=", to_string(o.start_method),
-              " is not available in this build yet; use start_method=fork (the default)");
   return state;
+}
+
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& item : items) out += (out.empty() ? "" : ", ") + item;
+  return out;
+}
+
+// Start-method checks that need the dataset, and what spawn and forkserver send each worker.
+// Run by every constructor, so a loader that cannot start its workers fails at construction.
+void prepare_workers(LoaderState& s) {
+  const DataLoaderOptions& o = s.options;
+  if (o.num_workers == 0) return;
+  const StartMethod method = *o.start_method;
+  const std::string name(to_string(method));
+  if (method == StartMethod::kFork) {
+    FERRY_CHECK(!detail::cuda_initialized(),
+                "start_method=fork, but this process has initialised CUDA: a forked worker "
+                "cannot use it, and forking a CUDA process can hang or crash (pytorch#40403). "
+                "Use start_method=spawn or forkserver (with ferry::init(argc, argv) first thing "
+                "in main), or create the loader's workers before CUDA starts");
+    return;
+  }
+  const ComponentSpec* spec = s.dataset ? s.dataset->spec() : s.iterable->spec();
+  FERRY_CHECK(spec != nullptr, "start_method=", name,
+              " rebuilds the dataset in each worker from its registered type and configuration, "
+              "but this dataset was constructed directly in C++. Build it with "
+              "ferry::Registry::global().make_dataset(...) from a registered type (register "
+              "the type before ferry::init), or use start_method=fork");
+  FERRY_CHECK(!o.worker_init_fn, "worker_init_fn cannot travel to a ", name,
+              " worker (it is a closure in this process's memory); do per-worker setup in the "
+              "dataset's registered factory or with SampleContext::worker_id(), or use "
+              "start_method=fork");
+  s.dataset_config = spec->config.to_text();
+  s.dataset_hash = spec->hash;
+  bool builtin = spec->builtin;
+  if (s.collate_fn) {
+    const ComponentSpec* c = collate_spec(s.collate_fn);
+    FERRY_CHECK(c != nullptr, "a collate_fn given as a C++ function cannot travel to a ", name,
+                " worker; register it and pass ferry::Registry::global().make_collate(...), or "
+                "use start_method=fork");
+    if (c->config.find("type")->scalar() != "default") {  // default: the worker's fast path
+      s.collate_config = c->config.to_text();
+      s.collate_hash = c->hash;
+      builtin = builtin && c->builtin;
+    }
+  }
+  if (method == StartMethod::kForkserver) {
+    FERRY_CHECK(workers::init_called(),
+                "start_method=forkserver needs ferry::init(argc, argv) called first thing in "
+                "main: the fork server is a copy of the program made there, before any thread "
+                "starts. Add the call, or use start_method=fork");
+    return;
+  }
+  if (workers::init_called()) {
+    s.worker_program = workers::self_program();
+    return;
+  }
+  FERRY_CHECK(builtin,
+              "start_method=spawn needs ferry::init(argc, argv) called first thing in "
+              "main (after registering your types): a spawned worker is a fresh copy of this "
+              "program, and dataset '",
+              spec->config.find("type")->scalar(),
+              "' is not a built-in type that the ferry-worker program could rebuild instead");
+  std::vector<std::string> tried;
+  const auto program = workers::find_ferry_worker(tried);
+  FERRY_CHECK(program.has_value(),
+              "start_method=spawn: this program did not call "
+              "ferry::init(argc, argv), and the ferry-worker program is not at ",
+              join(tried),
+              "; call ferry::init first thing in main, or set FERRY_WORKER_PROGRAM to the path "
+              "of ferry-worker");
+  s.worker_program = *program;
 }
 
 void check_map_options(const DataLoaderOptions& o, bool has_sampler, bool has_batch_sampler) {
@@ -184,6 +257,7 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset,
   state_->batch_sampler =
       std::make_shared<BatchSampler>(std::move(sampler), o.batch_size, o.drop_last);
   state_->dataset = std::move(dataset);
+  prepare_workers(*state_);
 }
 
 DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset,
@@ -196,6 +270,7 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset,
   state_ = make_state(std::move(options), std::move(collate_fn));
   state_->batch_sampler = std::move(batch_sampler);
   state_->dataset = std::move(dataset);
+  prepare_workers(*state_);
 }
 
 DataLoader::DataLoader(std::shared_ptr<const IterableDataset> dataset,
@@ -205,6 +280,7 @@ DataLoader::DataLoader(std::shared_ptr<const IterableDataset> dataset,
   check_iterable_options(options);
   state_ = make_state(std::move(options), std::move(collate_fn));
   state_->iterable = std::move(dataset);
+  prepare_workers(*state_);
 }
 
 DataLoader::DataLoader(std::shared_ptr<const IterableDataset> /*dataset*/,

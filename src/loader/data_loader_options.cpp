@@ -1,5 +1,6 @@
 #include "ferry/data_loader_options.h"
 
+#include <atomic>
 #include <random>
 
 #include "ferry/error.h"
@@ -17,6 +18,13 @@ std::string_view to_string(StartMethod method) noexcept {
   }
   return "unknown";
 }
+
+namespace {
+std::atomic<StartMethod> g_default_start_method{StartMethod::kFork};
+}  // namespace
+
+void set_default_start_method(StartMethod method) noexcept { g_default_start_method = method; }
+StartMethod default_start_method() noexcept { return g_default_start_method.load(); }
 
 DataLoaderOptions resolve(DataLoaderOptions o) {
   FERRY_CHECK(o.batch_size > 0, "batch_size=0 is invalid; use a positive batch_size");
@@ -36,6 +44,7 @@ DataLoaderOptions resolve(DataLoaderOptions o) {
   FERRY_CHECK(!o.prefetch_factor || *o.prefetch_factor > 0,
               "prefetch_factor=0 is invalid; use a positive prefetch_factor (default 2)");
   if (o.num_workers > 0 && !o.prefetch_factor) o.prefetch_factor = kDefaultPrefetchFactor;
+  if (!o.start_method) o.start_method = default_start_method();
   if (!o.seed) {
     // As PyTorch without a generator: a fresh seed per loader, fixed for its lifetime.
     std::random_device device;

@@ -30,6 +30,13 @@ struct LoaderState {
   DataLoaderOptions options;                    // resolved
   std::shared_ptr<BatchSampler> batch_sampler;  // map-style datasets only
   CollateFn collate_fn;
+  // spawn and forkserver: what a worker rebuilds (canonical configuration text and hash) and
+  // the program spawn starts. Empty collate_config: default collate.
+  std::string dataset_config;
+  std::uint64_t dataset_hash = 0;
+  std::string collate_config;
+  std::uint64_t collate_hash = 0;
+  std::string worker_program;
   std::uint64_t next_epoch = 0;
   bool pin = false;  // pin_memory requested and possible
   // num_workers = 0: batch buffers, reused once the training loop lets go of a batch.

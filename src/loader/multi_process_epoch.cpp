@@ -132,8 +132,23 @@ std::optional<Batch> MultiProcessEpoch::next_locked() {
       return finish_batch(std::move(*r->batch), *state_);
     }
     if (finished()) return std::nullopt;
-    wait_and_receive(deadline);
+    // A spawn or forkserver worker's start-up (a fresh program, the dataset rebuilt) is not a
+    // batch taking too long: the timeout counts from its handshake, and start-up gets its own,
+    // generous bound.
+    const std::size_t ready_before = ready_workers();
+    std::optional<ipc::Clock::time_point> wait_until = deadline;
+    if (deadline && ready_before < pool_->workers.size()) {
+      wait_until = std::max(*deadline, pool_->started + WorkerPool::kStartupLimit);
+    }
+    wait_and_receive(wait_until);
+    if (deadline && ready_workers() > ready_before) deadline = ipc::Clock::now() + timeout;
   }
+}
+
+std::size_t MultiProcessEpoch::ready_workers() const {
+  std::size_t n = 0;
+  for (const auto& w : pool_->workers) n += w.ready ? 1 : 0;
+  return n;
 }
 
 std::optional<MultiProcessEpoch::Result> MultiProcessEpoch::pop_result() {
@@ -325,6 +340,10 @@ void MultiProcessEpoch::handle_message(WorkerSlot& w,
     w.in_flight.pop_front();
     return current;
   };
+  if (auto* m = std::get_if<ipc::WorkerReadyMessage>(&message)) {
+    check_handshake(w, *m);
+    return;
+  }
   Result result;
   result.worker = w.id;
   std::uint64_t sequence = 0;
@@ -419,6 +438,33 @@ WorkerFailure MultiProcessEpoch::failure_of(const WorkerSlot& w) const {
   return failure;
 }
 
+void MultiProcessEpoch::check_handshake(WorkerSlot& w, const ipc::WorkerReadyMessage& m) {
+  const LoaderState& s = *state_;
+  const auto start_method = to_string(*s.options.start_method);
+  if (m.dataset_hash != s.dataset_hash || m.collate_hash != s.collate_hash) {
+    const bool dataset = m.dataset_hash != s.dataset_hash;
+    fail(std::make_exception_ptr(ConfigError(detail::str(
+        "DataLoader worker ", w.id, " (pid ", w.process.pid(), ", start_method=", start_method,
+        ") rebuilt the ", dataset ? "dataset" : "collate function", " with configuration hash ",
+        hash_string(dataset ? m.dataset_hash : m.collate_hash), ", but this process has ",
+        hash_string(dataset ? s.dataset_hash : s.collate_hash),
+        ": the worker program registers the type differently (another build of the program or "
+        "of ferry-worker, or defaults that depend on the environment). This process's "
+        "configuration: ",
+        dataset ? s.dataset_config : s.collate_config))));
+  }
+  const std::int64_t expected = s.dataset ? static_cast<std::int64_t>(s.dataset->size()) : -1;
+  if (m.dataset_size != expected) {
+    fail(std::make_exception_ptr(ConfigError(
+        detail::str("DataLoader worker ", w.id, " (pid ", w.process.pid(),
+                    ", start_method=", start_method, ") rebuilt a dataset of ", m.dataset_size,
+                    " samples from the same configuration, but "
+                    "this process's has ",
+                    expected, "; did its files change? Configuration: ", s.dataset_config))));
+  }
+  w.ready = true;
+}
+
 void MultiProcessEpoch::worker_died(WorkerSlot& w) {
   w.dead = true;
   pool_->broken = true;
@@ -449,6 +495,11 @@ void MultiProcessEpoch::worker_died(WorkerSlot& w) {
         "(check dmesg; lower batch_size, num_workers or prefetch_factor)";
   } else if (status->signal == SIGBUS) {
     hint = "; SIGBUS in a worker usually means shared memory ran out (/dev/shm)";
+  }
+  if (!w.ready) {
+    hint += detail::str("; it died before its handshake, while starting (start_method=",
+                        to_string(*state_->options.start_method),
+                        ") and rebuilding the dataset from its configuration: its stderr says why");
   }
   const std::string what =
       detail::str("DataLoader worker ", w.id, " (pid ", w.process.pid(), ") ", status->describe(),
@@ -488,6 +539,11 @@ void MultiProcessEpoch::timed_out(std::chrono::milliseconds waited) {
                     iterable_ ? std::string() : " (indices " + list_indices(held->indices) + ")",
                     "; the worker was killed. Raise timeout, or look at what the dataset does "
                     "for these indices");
+    if (!culprit->ready) {
+      what += detail::str(
+          " (it had not finished starting: start_method=", to_string(*state_->options.start_method),
+          " gives a worker ", WorkerPool::kStartupLimit.count(), " s to start)");
+    }
     culprit->process.terminate(std::chrono::milliseconds(0));
     culprit->dead = true;
   }

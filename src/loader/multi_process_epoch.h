@@ -12,6 +12,7 @@
 
 #include "ferry/error.h"
 
+#include "ipc/protocol.h"
 #include "loader/epoch_iterator.h"
 #include "loader/loader_state.h"
 #include "loader/worker_pool.h"
@@ -38,6 +39,8 @@ class MultiProcessEpoch final : public EpochIterator {
 
   std::optional<Batch> next_locked();
   void start_workers();
+  std::size_t ready_workers() const;
+  void check_handshake(WorkerSlot& w, const ipc::WorkerReadyMessage& m);
   std::optional<Result> pop_result();
   bool finished() const;
   void dispatch();

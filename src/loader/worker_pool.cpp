@@ -12,6 +12,7 @@
 #include "ipc/protocol.h"
 #include "loader/loader_state.h"
 #include "workers/forker.h"
+#include "workers/spawn.h"
 #include "workers/worker_loop.h"
 
 namespace ferry::detail {
@@ -64,6 +65,11 @@ void WorkerPool::start_worker() {
   spec.parent_pid = ::getpid();
   spec.spin = o.num_workers < std::thread::hardware_concurrency();
   spec.sample_timeout = o.sample_timeout;
+  if (*o.start_method != StartMethod::kFork) {
+    start_fresh_worker(spec, std::move(main_index), std::move(main_data), std::move(worker_index),
+                       std::move(worker_data));
+    return;
+  }
   const int index_fd = worker_index.fd();
   const int data_fd = worker_data.fd();
   // The child's ends: the child adopts them; this process closes them right after the fork.
@@ -91,6 +97,51 @@ void WorkerPool::start_worker() {
   slot.index = std::move(main_index);
   slot.data = std::move(main_data);
   slot.process = ipc::ChildProcess(pid);
+  workers.push_back(std::move(slot));
+}
+
+void WorkerPool::start_fresh_worker(const workers::WorkerSpec& spec,
+                                    ipc::Channel main_index,
+                                    ipc::Channel main_data,
+                                    ipc::Channel worker_index,
+                                    ipc::Channel worker_data) {
+  // The worker's ends leave this process right away: unregister them before they close here.
+  workers::unregister_parent_only_fd(worker_index.fd());
+  workers::unregister_parent_only_fd(worker_data.fd());
+  const DataLoaderOptions& o = state_.options;
+  pid_t pid = -1;
+  try {
+    pid = *o.start_method == StartMethod::kSpawn
+              ? workers::spawn_worker(state_.worker_program, worker_index.release(),
+                                      worker_data.release())
+              : workers::forkserver_worker(worker_index.release(), worker_data.release());
+  } catch (...) {
+    workers::unregister_parent_only_fd(main_index.fd());
+    workers::unregister_parent_only_fd(main_data.fd());
+    throw;
+  }
+  WorkerSlot slot;
+  slot.id = spec.worker_id;
+  slot.index = std::move(main_index);
+  slot.data = std::move(main_data);
+  slot.process = ipc::ChildProcess(pid);
+  slot.ready = false;
+  ipc::SetupMessage setup;
+  setup.worker_id = spec.worker_id;
+  setup.num_workers = spec.num_workers;
+  setup.base_seed = spec.base_seed;
+  setup.batch_size = spec.batch_size;
+  setup.drop_last = spec.drop_last;
+  setup.keep_free_segments = spec.keep_free_segments;
+  setup.spin = spec.spin;
+  setup.sample_timeout_ms = static_cast<std::uint64_t>(spec.sample_timeout.count());
+  setup.parent_pid = spec.parent_pid;
+  setup.dataset_config = state_.dataset_config;
+  setup.collate_config = state_.collate_config;
+  // Queued in the socket: the worker reads it once it has started. If it died already, the
+  // death is reported by the epoch's wait, with the "before its handshake" note.
+  (void)slot.index.send(ipc::encode(ipc::IndexMessage(std::move(setup))), {},
+                        ipc::Clock::now() + std::chrono::seconds(5));
   workers.push_back(std::move(slot));
 }
 

@@ -12,6 +12,7 @@
 #include "ipc/child_process.h"
 #include "ipc/shared_memory.h"
 #include "loader/loader_state.h"
+#include "workers/worker_loop.h"
 
 namespace ferry::detail {
 
@@ -39,6 +40,7 @@ struct WorkerSlot {
   std::vector<std::uint64_t> recycled;  // segments to send back, with the next task if any
   std::unordered_map<std::uint64_t, std::shared_ptr<ipc::MappedRegion>> segments;
   bool dead = false;
+  bool ready = true;  // spawn and forkserver: false until the worker's handshake arrives
   // This epoch: tasks sent whose batch the training loop has not received yet (bounded by
   // prefetch_factor); for an iterable dataset, whether its stream has ended.
   std::size_t undelivered = 0;
@@ -75,8 +77,18 @@ class WorkerPool {
   bool broken = false;            // a worker died or was killed: not reusable
 
   static constexpr std::chrono::milliseconds kShutdownGrace{1000};
+  // How long a spawn or forkserver worker may take to start (start a program, rebuild the
+  // dataset) before a loader with a `timeout` gives up on it.
+  static constexpr std::chrono::seconds kStartupLimit{60};
+  const std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
 
  private:
+  // spawn and forkserver: start the process, then queue its SetupMessage.
+  void start_fresh_worker(const workers::WorkerSpec& spec,
+                          ipc::Channel main_index,
+                          ipc::Channel main_data,
+                          ipc::Channel worker_index,
+                          ipc::Channel worker_data);
   const LoaderState& state_;  // outlives the pool: the state owns or outlives every pool
   bool stop_requested_ = false;
   bool stopped_ = false;

@@ -39,7 +39,8 @@ TEST(DataLoaderOptions, DefaultsFollowPyTorch) {
   EXPECT_EQ(o.timeout.count(), 0);
   EXPECT_FALSE(o.persistent_workers);
   EXPECT_TRUE(o.in_order);
-  EXPECT_EQ(o.start_method, StartMethod::kFork);
+  EXPECT_FALSE(o.start_method.has_value());  // the process default, fork unless changed
+  EXPECT_EQ(resolve(o).start_method, StartMethod::kFork);
   EXPECT_EQ(to_string(StartMethod::kForkserver), "forkserver");
 }
 

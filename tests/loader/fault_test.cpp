@@ -22,17 +22,21 @@
 
 #include "ferry/data_loader.h"
 #include "ferry/error.h"
+#include "ferry/registry.h"
 
 #include "ipc/shared_memory.h"
 #include "support/datasets.h"
 #include "support/ledger.h"
 #include "support/process_harness.h"
+#include "support/registered.h"
+#include "support/start_methods.h"
 
 namespace ferry {
 namespace {
 
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
+using testing::FaultyDataset;
 using testing::LedgerDataset;
 using testing::RangeDataset;
 
@@ -65,41 +69,17 @@ double seconds_since(Clock::time_point start) {
 
 // Starts ferry's forker thread, so that leak baselines taken afterwards include it.
 void warm_up() {
-  DataLoader loader(std::make_shared<RangeDataset>(1), {.num_workers = 1});
+  DataLoader loader(testing::range(1), {.num_workers = 1});
   for (auto& batch : loader) (void)batch;
 }
 
-// A dataset that misbehaves on one index: crash, exit, abort, hang.
-class FaultyDataset : public LedgerDataset {
- public:
-  enum class Fault { kSegfault, kExit3, kAbort, kTerminate, kQuickExit, kHang };
-  FaultyDataset(std::size_t n, std::size_t bad, Fault fault)
-      : LedgerDataset(n, 64), bad_(bad), fault_(fault) {}
-  Example get(std::size_t index, SampleContext& ctx) const override {
-    if (index == bad_) {
-      switch (fault_) {
-        case Fault::kSegfault:
-          ::raise(SIGSEGV);
-          break;
-        case Fault::kExit3:
-          std::exit(3);
-        case Fault::kAbort:
-          std::abort();
-        case Fault::kTerminate:
-          std::terminate();
-        case Fault::kQuickExit:
-          std::quick_exit(4);
-        case Fault::kHang:
-          for (;;) ::pause();
-      }
-    }
-    return LedgerDataset::get(index, ctx);
-  }
-
- private:
-  std::size_t bad_;
-  Fault fault_;
-};
+FERRY_EACH_START_METHOD(WorkerDeath);
+FERRY_EACH_START_METHOD(Resources);
+FERRY_EACH_START_METHOD(Timeout);
+FERRY_EACH_START_METHOD(MainProcessDeath);
+FERRY_EACH_START_METHOD(Shutdown);
+FERRY_EACH_START_METHOD(Seeding);
+FERRY_EACH_START_METHOD(ForkSafety);
 
 // Iterates until a WorkerDiedError; returns it (or fails the child).
 template <class Check>
@@ -107,8 +87,7 @@ int expect_death(FaultyDataset::Fault fault, Check&& check) {
   warm_up();
   const auto before = testing::snapshot();
   {
-    DataLoader loader(std::make_shared<FaultyDataset>(64, 21, fault),
-                      {.batch_size = 4, .num_workers = 2});
+    DataLoader loader(testing::faulty(64, 21, fault), {.batch_size = 4, .num_workers = 2});
     bool died = false;
     try {
       for (auto& batch : loader) (void)batch;
@@ -123,7 +102,7 @@ int expect_death(FaultyDataset::Fault fault, Check&& check) {
   return 0;
 }
 
-TEST(WorkerDeath, SegfaultIsReportedWithSignalPidAndIndices) {  // row 1
+TEST_P(WorkerDeath, SegfaultIsReportedWithSignalPidAndIndices) {  // row 1
   in_child([] {
     return expect_death(FaultyDataset::Fault::kSegfault, [](const WorkerDiedError& e) {
       const std::string what = e.what();
@@ -136,10 +115,10 @@ TEST(WorkerDeath, SegfaultIsReportedWithSignalPidAndIndices) {  // row 1
   });
 }
 
-TEST(WorkerDeath, ACrashingWorkerSaysSoOnStderr) {  // row 1
+TEST_P(WorkerDeath, ACrashingWorkerSaysSoOnStderr) {  // row 1
   const auto r = testing::run_in_child(
       [] {
-        DataLoader loader(std::make_shared<FaultyDataset>(8, 1, FaultyDataset::Fault::kSegfault),
+        DataLoader loader(testing::faulty(8, 1, FaultyDataset::Fault::kSegfault),
                           {.batch_size = 2, .num_workers = 1});
         try {
           for (auto& batch : loader) (void)batch;
@@ -154,10 +133,10 @@ TEST(WorkerDeath, ACrashingWorkerSaysSoOnStderr) {  // row 1
   EXPECT_THAT(r.output, ::testing::HasSubstr(") got a fatal SIGSEGV"));
 }
 
-TEST(Resources, EveryDescriptorTheLoaderOpensIsCloseOnExec) {
+TEST_P(Resources, EveryDescriptorTheLoaderOpensIsCloseOnExec) {
   in_child([] {
     const auto before = testing::snapshot();
-    DataLoader loader(std::make_shared<LedgerDataset>(100, 4096),
+    DataLoader loader(testing::ledger(100, 4096),
                       {.batch_size = 4, .num_workers = 2, .persistent_workers = true});
     auto it = loader.begin();
     ++it;
@@ -172,7 +151,7 @@ TEST(Resources, EveryDescriptorTheLoaderOpensIsCloseOnExec) {
   });
 }
 
-TEST(WorkerDeath, ExitCodesAbortTerminateAndQuickExit) {  // row 3
+TEST_P(WorkerDeath, ExitCodesAbortTerminateAndQuickExit) {  // row 3
   struct Case {
     FaultyDataset::Fault fault;
     int code;
@@ -194,7 +173,7 @@ TEST(WorkerDeath, ExitCodesAbortTerminateAndQuickExit) {  // row 3
   }
 }
 
-TEST(WorkerDeath, KilledAtRandomMomentsIsAlwaysReportedNeverHangsNeverTorn) {  // rows 2, 13
+TEST_P(WorkerDeath, KilledAtRandomMomentsIsAlwaysReportedNeverHangsNeverTorn) {  // rows 2, 13
   std::mt19937 rng(20261121);
   for (int round = 0; round < 20; ++round) {
     const int delay_us = static_cast<int>(rng() % 20000);
@@ -202,7 +181,7 @@ TEST(WorkerDeath, KilledAtRandomMomentsIsAlwaysReportedNeverHangsNeverTorn) {  /
       warm_up();
       const auto before = testing::snapshot();
       {
-        DataLoader loader(std::make_shared<LedgerDataset>(400, 4096, 500),
+        DataLoader loader(testing::ledger(400, 4096, 500),
                           {.batch_size = 4, .num_workers = 2, .prefetch_factor = 3});
         auto it = loader.begin();
         const auto victim = static_cast<pid_t>((*it)["pid"][0].item<std::int64_t>());
@@ -238,7 +217,7 @@ TEST(WorkerInit, FailingWorkerInitFnIsRaisedAtTheFirstBatch) {  // row 5
     warm_up();
     const auto before = testing::snapshot();
     {
-      DataLoader loader(std::make_shared<RangeDataset>(10),
+      DataLoader loader(testing::range(10),
                         {.batch_size = 2, .num_workers = 2, .worker_init_fn = [](std::size_t id) {
                            if (id == 1) throw std::invalid_argument("no GPU for worker 1");
                          }});
@@ -280,12 +259,12 @@ TEST(WorkerInit, FailingIterableStreamIsRaisedAtTheFirstBatch) {  // row 5
   });
 }
 
-TEST(Timeout, AHungWorkerTimesOutIsNamedAndKilled) {  // row 6
+TEST_P(Timeout, AHungWorkerTimesOutIsNamedAndKilled) {  // row 6
   in_child([] {
     warm_up();
     const auto before = testing::snapshot();
     {
-      DataLoader loader(std::make_shared<FaultyDataset>(40, 9, FaultyDataset::Fault::kHang),
+      DataLoader loader(testing::faulty(40, 9, FaultyDataset::Fault::kHang),
                         {.batch_size = 4, .num_workers = 2, .timeout = 500ms});
       const auto start = Clock::now();
       try {
@@ -301,7 +280,7 @@ TEST(Timeout, AHungWorkerTimesOutIsNamedAndKilled) {  // row 6
         REQUIRE(!testing::pid_alive(e.failure().pid), "the hung worker is still alive");
       }
       const auto stop = Clock::now();
-      loader = DataLoader(std::make_shared<RangeDataset>(1));  // destroys the old loader
+      loader = DataLoader(testing::range(1));  // destroys the old loader
       REQUIRE(seconds_since(stop) < 2.0, "shutdown took ", seconds_since(stop), " s");
     }
     const std::string leaks = testing::wait_for_no_leaks(before, 2s);
@@ -310,10 +289,10 @@ TEST(Timeout, AHungWorkerTimesOutIsNamedAndKilled) {  // row 6
   });
 }
 
-TEST(Timeout, ASampleThatOutrunsSampleTimeoutStopsItsWorker) {  // row 6, per-sample watchdog
+TEST_P(Timeout, ASampleThatOutrunsSampleTimeoutStopsItsWorker) {  // row 6, per-sample watchdog
   const auto r = testing::run_in_child(
       [] {
-        DataLoader loader(std::make_shared<FaultyDataset>(40, 9, FaultyDataset::Fault::kHang),
+        DataLoader loader(testing::faulty(40, 9, FaultyDataset::Fault::kHang),
                           {.batch_size = 4, .num_workers = 2, .sample_timeout = 300ms});
         const auto start = Clock::now();
         try {
@@ -336,9 +315,9 @@ TEST(Timeout, ASampleThatOutrunsSampleTimeoutStopsItsWorker) {  // row 6, per-sa
   EXPECT_THAT(r.output, ::testing::HasSubstr("exceeded sample_timeout loading index 9"));
 }
 
-TEST(Timeout, SampleTimeoutLeavesFastSamplesAlone) {
+TEST_P(Timeout, SampleTimeoutLeavesFastSamplesAlone) {
   in_child([] {
-    DataLoader loader(std::make_shared<LedgerDataset>(200, 64, 2000),
+    DataLoader loader(testing::ledger(200, 64, 2000),
                       {.batch_size = 4, .num_workers = 2, .sample_timeout = 200ms});
     std::size_t n = 0;
     for (auto& batch : loader) n += batch.size();
@@ -347,9 +326,9 @@ TEST(Timeout, SampleTimeoutLeavesFastSamplesAlone) {
   });
 }
 
-TEST(Timeout, AStoppedWorkerTimesOutAndShutdownStillFinishes) {  // row 6, SIGSTOP
+TEST_P(Timeout, AStoppedWorkerTimesOutAndShutdownStillFinishes) {  // row 6, SIGSTOP
   in_child([] {
-    DataLoader loader(std::make_shared<LedgerDataset>(400, 64, 2000),
+    DataLoader loader(testing::ledger(400, 64, 2000),
                       {.batch_size = 2, .num_workers = 2, .timeout = 400ms});
     auto it = loader.begin();
     const auto victim = static_cast<pid_t>((*it)["pid"][0].item<std::int64_t>());
@@ -377,7 +356,7 @@ std::pair<pid_t, std::vector<pid_t>> start_training(std::size_t workers,
   const pid_t pid = ::fork();
   if (pid == 0) {
     ::close(fds[0]);
-    DataLoader loader(std::make_shared<LedgerDataset>(100000, 64, 1000),
+    DataLoader loader(testing::ledger(100000, 64, 1000),
                       {.batch_size = 1, .num_workers = workers, .persistent_workers = true});
     std::set<std::int64_t> pids;
     auto it = loader.begin();
@@ -417,7 +396,7 @@ bool all_dead_within(const std::vector<pid_t>& pids, std::chrono::milliseconds w
   }
 }
 
-TEST(MainProcessDeath, WorkersDieWithinASecondOfASigkilledMain) {  // row 7
+TEST_P(MainProcessDeath, WorkersDieWithinASecondOfASigkilledMain) {  // row 7
   in_child([] {
     const auto shm_before = testing::snapshot().dev_shm;
     auto [main_pid, workers] = start_training(3, [] {});
@@ -432,7 +411,7 @@ TEST(MainProcessDeath, WorkersDieWithinASecondOfASigkilledMain) {  // row 7
   });
 }
 
-TEST(MainProcessDeath, CtrlCToTheProcessGroupAndSigtermToMain) {  // row 8 (a), (b), (d)
+TEST_P(MainProcessDeath, CtrlCToTheProcessGroupAndSigtermToMain) {  // row 8 (a), (b), (d)
   for (const int sig : {SIGINT, SIGTERM}) {
     in_child([sig] {
       auto [main_pid, workers] = start_training(2, [] {});
@@ -453,7 +432,7 @@ TEST(MainProcessDeath, CtrlCToTheProcessGroupAndSigtermToMain) {  // row 8 (a), 
   }
 }
 
-TEST(MainProcessDeath, AnApplicationThatHandlesSigintBreaksAndExitsCleanly) {  // row 8 (c)
+TEST_P(MainProcessDeath, AnApplicationThatHandlesSigintBreaksAndExitsCleanly) {  // row 8 (c)
   in_child([] {
     static std::atomic<bool> stop{false};
     struct sigaction sa {};
@@ -466,8 +445,7 @@ TEST(MainProcessDeath, AnApplicationThatHandlesSigintBreaksAndExitsCleanly) {  /
       ::kill(0, SIGINT);  // the whole group, workers included
     });
     {
-      DataLoader loader(std::make_shared<LedgerDataset>(100000, 64, 500),
-                        {.batch_size = 2, .num_workers = 2});
+      DataLoader loader(testing::ledger(100000, 64, 500), {.batch_size = 2, .num_workers = 2});
       for (auto& batch : loader) {
         (void)batch;
         if (stop) break;
@@ -481,7 +459,7 @@ TEST(MainProcessDeath, AnApplicationThatHandlesSigintBreaksAndExitsCleanly) {  /
   });
 }
 
-TEST(Shutdown, DestroyingAtEveryStageIsBoundedAndLeavesNothing) {  // rows 9, 10, 11
+TEST_P(Shutdown, DestroyingAtEveryStageIsBoundedAndLeavesNothing) {  // rows 9, 10, 11
   enum Stage { kConstructed, kFirstBatch, kPrefetchFull, kEndOfEpoch, kAfterError, kThrowInLoop };
   for (const Stage stage :
        {kConstructed, kFirstBatch, kPrefetchFull, kEndOfEpoch, kAfterError, kThrowInLoop}) {
@@ -491,11 +469,9 @@ TEST(Shutdown, DestroyingAtEveryStageIsBoundedAndLeavesNothing) {  // rows 9, 10
         const auto before = testing::snapshot();
         Clock::time_point start;
         {
-          auto dataset =
-              stage == kAfterError
-                  ? std::shared_ptr<const Dataset>(
-                        std::make_shared<testing::FailingDataset>(40, 0, 40))
-                  : std::make_shared<LedgerDataset>(40, 1 << 16, stage == kPrefetchFull ? 0 : 300);
+          auto dataset = stage == kAfterError
+                             ? std::shared_ptr<const Dataset>(testing::failing(40, 0, 40))
+                             : testing::ledger(40, 1 << 16, stage == kPrefetchFull ? 0 : 300);
           DataLoader loader(dataset, {.batch_size = 2,
                                       .num_workers = 3,
                                       .prefetch_factor = 4,
@@ -535,12 +511,12 @@ TEST(Shutdown, DestroyingAtEveryStageIsBoundedAndLeavesNothing) {  // rows 9, 10
   }
 }
 
-TEST(Shutdown, DestroyingTheLoaderWakesAThreadBlockedInNext) {  // row 11
+TEST_P(Shutdown, DestroyingTheLoaderWakesAThreadBlockedInNext) {  // row 11
   in_child(
       [] {
-        auto loader = std::make_unique<DataLoader>(
-            std::make_shared<FaultyDataset>(40, 0, FaultyDataset::Fault::kHang),
-            DataLoaderOptions{.batch_size = 2, .num_workers = 1});
+        auto loader =
+            std::make_unique<DataLoader>(testing::faulty(40, 0, FaultyDataset::Fault::kHang),
+                                         DataLoaderOptions{.batch_size = 2, .num_workers = 1});
         std::atomic<bool> closed_seen{false};
         Clock::time_point woke;
         std::thread consumer([&] {
@@ -564,7 +540,7 @@ TEST(Shutdown, DestroyingTheLoaderWakesAThreadBlockedInNext) {  // row 11
       60s, /*workers_may_be_killed=*/true);
 }
 
-TEST(Shutdown, WorkersAskedToStopLeaveQueuedWorkUndone) {  // row 10: exit 0, promptly
+TEST(ShutdownFork, WorkersAskedToStopLeaveQueuedWorkUndone) {  // row 10: exit 0, promptly
   in_child([] {
     class Slow : public LedgerDataset {
      public:
@@ -587,13 +563,13 @@ TEST(Shutdown, WorkersAskedToStopLeaveQueuedWorkUndone) {  // row 10: exit 0, pr
   });  // and in_child checks that no worker had to be killed
 }
 
-TEST(Shutdown, SeveralStuckPoolsShareOneGracePeriod) {
+TEST_P(Shutdown, SeveralStuckPoolsShareOneGracePeriod) {
   // Two iterators of one loader (each with its own workers), each with a worker stuck in get():
   // destroying the loader waits one grace period for all of them, not one each.
   in_child(
       [] {
         auto loader = std::make_unique<DataLoader>(
-            std::make_shared<FaultyDataset>(40, 5, FaultyDataset::Fault::kHang),
+            testing::faulty(40, 5, FaultyDataset::Fault::kHang),
             DataLoaderOptions{.batch_size = 1, .num_workers = 1, .prefetch_factor = 8});
         auto first = loader->begin();   // its worker runs ahead into index 5 and hangs there
         auto second = loader->begin();  // and so does this one's
@@ -606,15 +582,14 @@ TEST(Shutdown, SeveralStuckPoolsShareOneGracePeriod) {
       60s, /*workers_may_be_killed=*/true);
 }
 
-TEST(Resources, DescriptorsStayFixedUnderALowLimitAndHeldBatches) {  // row 19
+TEST_P(Resources, DescriptorsStayFixedUnderALowLimitAndHeldBatches) {  // row 19
   in_child(
       [] {
         warm_up();
         const auto base = testing::snapshot().fds.size();
         rlimit limit{base + 32, base + 32};
         REQUIRE(::setrlimit(RLIMIT_NOFILE, &limit) == 0);
-        DataLoader loader(std::make_shared<LedgerDataset>(10000, 16),
-                          {.batch_size = 1, .num_workers = 2});
+        DataLoader loader(testing::ledger(10000, 16), {.batch_size = 1, .num_workers = 2});
         std::vector<Batch> held;
         std::size_t n = 0;
         for (auto& batch : loader) {
@@ -630,11 +605,10 @@ TEST(Resources, DescriptorsStayFixedUnderALowLimitAndHeldBatches) {  // row 19
       120s);
 }
 
-TEST(Resources, ABatchThatCannotGetSharedMemoryIsAClearErrorNeverSigbus) {  // row 18
+TEST(ResourcesFork, ABatchThatCannotGetSharedMemoryIsAClearErrorNeverSigbus) {  // row 18
   in_child([] {
     ipc::fault::fail_next_allocations(1);  // inherited by the workers forked next
-    DataLoader loader(std::make_shared<LedgerDataset>(8, 1 << 20),
-                      {.batch_size = 2, .num_workers = 1});
+    DataLoader loader(testing::ledger(8, 1 << 20), {.batch_size = 2, .num_workers = 1});
     auto it = loader.begin();
     try {
       (void)*it;
@@ -651,7 +625,7 @@ TEST(Resources, ABatchThatCannotGetSharedMemoryIsAClearErrorNeverSigbus) {  // r
   });
 }
 
-TEST(Resources, AWorkerHoldsOnlyItsOwnChannels) {  // row 26: no worker keeps another's pipes
+TEST_P(Resources, AWorkerHoldsOnlyItsOwnChannels) {  // row 26: no worker keeps another's pipes
   in_child([] {
     auto count_sockets = [](pid_t pid) {
       int n = 0;
@@ -666,9 +640,9 @@ TEST(Resources, AWorkerHoldsOnlyItsOwnChannels) {  // row 26: no worker keeps an
       }
       return n;
     };
-    DataLoader a(std::make_shared<LedgerDataset>(100),
+    DataLoader a(testing::ledger(100),
                  {.batch_size = 1, .num_workers = 2, .persistent_workers = true});
-    DataLoader b(std::make_shared<LedgerDataset>(100),
+    DataLoader b(testing::ledger(100),
                  {.batch_size = 1, .num_workers = 2, .persistent_workers = true});
     auto ia = a.begin();
     auto ib = b.begin();
@@ -683,7 +657,7 @@ TEST(Resources, AWorkerHoldsOnlyItsOwnChannels) {  // row 26: no worker keeps an
 TEST(Soak, ResourcesStayConstantFromTheSecondEpochOn) {  // row 28, bounded for CI
   in_child(
       [] {
-        DataLoader loader(std::make_shared<LedgerDataset>(64, 1 << 14),
+        DataLoader loader(testing::ledger(64, 1 << 14),
                           {.batch_size = 4, .num_workers = 2, .persistent_workers = true});
         std::optional<testing::ResourceSnapshot> at_epoch_2;
         for (int epoch = 0; epoch < 60; ++epoch) {
@@ -697,8 +671,7 @@ TEST(Soak, ResourcesStayConstantFromTheSecondEpochOn) {  // row 28, bounded for 
         warm_up();
         const auto before = testing::snapshot();
         for (int cycle = 0; cycle < 100; ++cycle) {
-          DataLoader transient(std::make_shared<LedgerDataset>(8),
-                               {.batch_size = 4, .num_workers = 2});
+          DataLoader transient(testing::ledger(8), {.batch_size = 4, .num_workers = 2});
           for (auto& batch : transient) (void)batch;
         }
         const std::string leaks = testing::wait_for_no_leaks(before, 2s);
@@ -708,7 +681,7 @@ TEST(Soak, ResourcesStayConstantFromTheSecondEpochOn) {  // row 28, bounded for 
       120s);
 }
 
-TEST(ForkSafety, WorkersRunAtenOpsAfterTheParentRanThreadedOnes) {  // row 21, CPU part
+TEST_P(ForkSafety, WorkersRunAtenOpsAfterTheParentRanThreadedOnes) {  // rows 21, 23
   in_child(
       [] {
         // The parent runs LibTorch's intra-op pool (GNU OpenMP in Debian's build) and a
@@ -728,17 +701,8 @@ TEST(ForkSafety, WorkersRunAtenOpsAfterTheParentRanThreadedOnes) {  // row 21, C
           while (!release) std::this_thread::sleep_for(1ms);
         });
         while (!locked) std::this_thread::yield();
-        class Convolving : public Dataset {
-         public:
-          std::size_t size() const override { return 16; }
-          Example get(std::size_t i, SampleContext& ctx) const override {
-            auto x = torch::rand({1, 3, 32, 32}, ctx.generator());
-            auto w = torch::rand({8, 3, 3, 3}, ctx.generator());
-            auto y = at::conv2d(x, w).relu().matmul(torch::rand({30, 30}, ctx.generator()));
-            return {{"y", y.sum()}, {"threads", at::get_num_threads()}, {"i", i}};
-          }
-        };
-        DataLoader loader(std::make_shared<Convolving>(), {.batch_size = 4, .num_workers = 2});
+        DataLoader loader(Registry::global().make_dataset(Config::map({{"type", "test.convolve"}})),
+                          {.batch_size = 4, .num_workers = 2});
         std::size_t n = 0;
         for (auto& batch : loader) {
           REQUIRE(batch["threads"].eq(1).all().item<bool>(),
@@ -753,10 +717,10 @@ TEST(ForkSafety, WorkersRunAtenOpsAfterTheParentRanThreadedOnes) {  // row 21, C
       60s);
 }
 
-TEST(Seeding, OutputIsIdenticalWhateverTheWorkerCountAndTiming) {  // row 29
+TEST_P(Seeding, OutputIsIdenticalWhateverTheWorkerCountAndTiming) {  // row 29
   in_child([] {
     auto run = [](std::size_t workers) {
-      DataLoader loader(std::make_shared<LedgerDataset>(60, 32, 2000, 0, 10),
+      DataLoader loader(testing::ledger(60, 32, 2000, 0, 10),
                         {.batch_size = 3, .shuffle = true, .num_workers = workers, .seed = 99});
       std::vector<torch::Tensor> noise;
       for (auto& batch : loader) noise.push_back(batch["noise"].clone());

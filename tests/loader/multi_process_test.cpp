@@ -12,9 +12,12 @@
 
 #include "ferry/data_loader.h"
 #include "ferry/error.h"
+#include "ferry/registry.h"
 
 #include "support/datasets.h"
 #include "support/ledger.h"
+#include "support/registered.h"
+#include "support/start_methods.h"
 
 namespace ferry {
 namespace {
@@ -29,10 +32,11 @@ struct MatrixCase {
   std::size_t workers;
   bool in_order;
   bool persistent;
+  StartMethod method = StartMethod::kFork;
 };
 
 std::string name_of(const ::testing::TestParamInfo<MatrixCase>& info) {
-  return "w" + std::to_string(info.param.workers) +
+  return std::string(to_string(info.param.method)) + "_w" + std::to_string(info.param.workers) +
          (info.param.in_order ? "_ordered" : "_unordered") +
          (info.param.persistent ? "_persistent" : "_transient");
 }
@@ -44,13 +48,14 @@ TEST_P(ExactlyOnce, EveryIndexOnceEveryByteRightInSamplerOrder) {
   constexpr std::size_t kSize = 203;
   constexpr std::size_t kBatch = 8;
   // Random per-sample delays, and worker 0 ten times slower: the order check is real.
-  auto dataset = std::make_shared<LedgerDataset>(kSize, 100, 300, 0, 10);
+  auto dataset = testing::ledger(kSize, 100, 300, 0, 10);
   DataLoader loader(dataset, {.batch_size = kBatch,
                               .shuffle = true,
                               .num_workers = p.workers,
                               .persistent_workers = p.persistent,
                               .in_order = p.in_order,
-                              .seed = 17});
+                              .seed = 17,
+                              .start_method = p.method});
   for (std::uint64_t epoch = 0; epoch < 2; ++epoch) {
     const auto expected =
         BatchSampler(std::make_shared<RandomSampler>(kSize, 17), kBatch, false).batches(epoch);
@@ -85,24 +90,26 @@ TEST_P(ExactlyOnce, EveryIndexOnceEveryByteRightInSamplerOrder) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Matrix,
-                         ExactlyOnce,
-                         ::testing::Values(MatrixCase{1, true, false},
-                                           MatrixCase{1, false, true},
-                                           MatrixCase{2, true, false},
-                                           MatrixCase{2, true, true},
-                                           MatrixCase{2, false, false},
-                                           MatrixCase{2, false, true},
-                                           MatrixCase{4, true, false},
-                                           MatrixCase{4, true, true},
-                                           MatrixCase{4, false, false},
-                                           MatrixCase{4, false, true},
-                                           MatrixCase{1, true, true},
-                                           MatrixCase{1, false, false}),
-                         name_of);
+std::vector<MatrixCase> matrix() {
+  std::vector<MatrixCase> cases;
+  for (const auto method : {StartMethod::kFork, StartMethod::kSpawn, StartMethod::kForkserver}) {
+    for (const std::size_t workers : {1, 2, 4}) {
+      for (const bool in_order : {true, false}) {
+        for (const bool persistent : {false, true}) {
+          cases.push_back({workers, in_order, persistent, method});
+        }
+      }
+    }
+  }
+  return cases;
+}
 
-TEST(MultiProcess, BatchesAreBitwiseIdenticalToInProcessLoading) {
-  auto dataset = std::make_shared<LedgerDataset>(97, 64);
+INSTANTIATE_TEST_SUITE_P(Matrix, ExactlyOnce, ::testing::ValuesIn(matrix()), name_of);
+
+FERRY_EACH_START_METHOD(MultiProcess);
+
+TEST_P(MultiProcess, BatchesAreBitwiseIdenticalToInProcessLoading) {
+  auto dataset = testing::ledger(97, 64);
   for (std::size_t workers : {1u, 3u}) {
     DataLoader reference(dataset, {.batch_size = 5, .shuffle = true, .seed = 4});
     DataLoader multi(dataset,
@@ -123,8 +130,8 @@ TEST(MultiProcess, BatchesAreBitwiseIdenticalToInProcessLoading) {
   }
 }
 
-TEST(MultiProcess, BatchesPointIntoSharedMemoryWithoutACopy) {
-  DataLoader loader(std::make_shared<LedgerDataset>(16, 4096), {.batch_size = 4, .num_workers = 1});
+TEST_P(MultiProcess, BatchesPointIntoSharedMemoryWithoutACopy) {
+  DataLoader loader(testing::ledger(16, 4096), {.batch_size = 4, .num_workers = 1});
   auto it = loader.begin();
   const Batch& b = *it;
   // All fields of a batch live in one segment: their data pointers are close together.
@@ -134,11 +141,11 @@ TEST(MultiProcess, BatchesPointIntoSharedMemoryWithoutACopy) {
   EXPECT_EQ(base % 64, 0u);
 }
 
-TEST(MultiProcess, HeldBatchesStayIntactWhileTheLoaderGoesOnAndAfterItIsGone) {
+TEST_P(MultiProcess, HeldBatchesStayIntactWhileTheLoaderGoesOnAndAfterItIsGone) {
   // RELIABILITY row 32: keep every batch, keep reading, then check every kept byte.
   std::vector<Batch> kept;
   {
-    DataLoader loader(std::make_shared<LedgerDataset>(300, 512),
+    DataLoader loader(testing::ledger(300, 512),
                       {.batch_size = 3, .num_workers = 2, .persistent_workers = true});
     for (int epoch = 0; epoch < 2; ++epoch) {
       for (auto& batch : loader) kept.push_back(batch);
@@ -154,18 +161,17 @@ TEST(MultiProcess, HeldBatchesStayIntactWhileTheLoaderGoesOnAndAfterItIsGone) {
   }
 }
 
-TEST(MultiProcess, SegmentsAreRecycledWhenBatchesAreReleased) {
+TEST_P(MultiProcess, SegmentsAreRecycledWhenBatchesAreReleased) {
   // With batches released as they go, a worker needs at most a handful of segments: the memfds
   // this process maps stay bounded over many batches.
-  DataLoader loader(std::make_shared<LedgerDataset>(2000, 1024),
-                    {.batch_size = 4, .num_workers = 2});
+  DataLoader loader(testing::ledger(2000, 1024), {.batch_size = 4, .num_workers = 2});
   std::size_t n = 0;
   for (auto& batch : loader) n += batch.size();
   EXPECT_EQ(n, 2000u);
 }
 
-TEST(MultiProcess, PersistentWorkersKeepTheirPidsAcrossEpochs) {
-  DataLoader loader(std::make_shared<LedgerDataset>(40),
+TEST_P(MultiProcess, PersistentWorkersKeepTheirPidsAcrossEpochs) {
+  DataLoader loader(testing::ledger(40),
                     {.batch_size = 4, .num_workers = 2, .persistent_workers = true});
   std::set<std::int64_t> pids[3];
   for (int epoch = 0; epoch < 3; ++epoch) {
@@ -179,8 +185,8 @@ TEST(MultiProcess, PersistentWorkersKeepTheirPidsAcrossEpochs) {
   EXPECT_EQ(pids[1], pids[2]);
 }
 
-TEST(MultiProcess, TransientWorkersAreNewEachEpoch) {
-  DataLoader loader(std::make_shared<LedgerDataset>(8), {.batch_size = 4, .num_workers = 1});
+TEST_P(MultiProcess, TransientWorkersAreNewEachEpoch) {
+  DataLoader loader(testing::ledger(8), {.batch_size = 4, .num_workers = 1});
   std::set<std::int64_t> pids;
   for (int epoch = 0; epoch < 2; ++epoch) {
     for (auto& batch : loader) pids.insert(batch["pid"][0].item<std::int64_t>());
@@ -188,10 +194,10 @@ TEST(MultiProcess, TransientWorkersAreNewEachEpoch) {
   EXPECT_EQ(pids.size(), 2u);
 }
 
-TEST(MultiProcess, BreakMidEpochThenTheNextEpochIsExactlyOnceWithNoStaleBatch) {
+TEST_P(MultiProcess, BreakMidEpochThenTheNextEpochIsExactlyOnceWithNoStaleBatch) {
   // RELIABILITY row 10 with persistent workers: prefetched batches of the broken-off epoch
   // never leak into the next one.
-  auto dataset = std::make_shared<LedgerDataset>(64, 64, 200);
+  auto dataset = testing::ledger(64, 64, 200);
   DataLoader loader(dataset, {.batch_size = 2,
                               .shuffle = true,
                               .num_workers = 3,
@@ -216,7 +222,7 @@ TEST(MultiProcess, BreakMidEpochThenTheNextEpochIsExactlyOnceWithNoStaleBatch) {
   }
 }
 
-TEST(MultiProcess, ReusingAnEpochNumberNeverDeliversTheEarlierIteratorsBatches) {
+TEST_P(MultiProcess, ReusingAnEpochNumberNeverDeliversTheEarlierIteratorsBatches) {
   // Regression: staleness was judged by epoch number, and set_epoch() can repeat one. A sampler
   // whose order flips on every call makes a stale batch visible.
   class Flipping : public Sampler {
@@ -235,7 +241,7 @@ TEST(MultiProcess, ReusingAnEpochNumberNeverDeliversTheEarlierIteratorsBatches) 
   };
   auto sampler = std::make_shared<Flipping>();
   DataLoader loader(
-      std::make_shared<LedgerDataset>(48, 64, 300),
+      testing::ledger(48, 64, 300),
       {.batch_size = 2, .num_workers = 2, .prefetch_factor = 4, .persistent_workers = true},
       sampler);
   loader.set_epoch(0);
@@ -257,8 +263,8 @@ TEST(MultiProcess, ReusingAnEpochNumberNeverDeliversTheEarlierIteratorsBatches) 
   EXPECT_EQ(got, expected);
 }
 
-TEST(MultiProcess, ReusingAnEpochNumberRestartsIterableStreams) {
-  DataLoader loader(std::make_shared<CountingStream>(20),
+TEST_P(MultiProcess, ReusingAnEpochNumberRestartsIterableStreams) {
+  DataLoader loader(testing::counting(20),
                     {.batch_size = 2, .num_workers = 2, .persistent_workers = true});
   loader.set_epoch(3);
   {
@@ -276,19 +282,18 @@ TEST(MultiProcess, ReusingAnEpochNumberRestartsIterableStreams) {
   EXPECT_EQ(values, expected);
 }
 
-TEST(MultiProcess, WorkerInitFnRunsOncePerWorkerInTheWorker) {
+TEST(MultiProcessFork, WorkerInitFnRunsOncePerWorkerInTheWorker) {
   // Each worker writes its id into a pipe from worker_init_fn.
   int fds[2];
   ASSERT_EQ(::pipe(fds), 0);
   {
-    DataLoader loader(std::make_shared<LedgerDataset>(30),
-                      {.batch_size = 2,
-                       .num_workers = 3,
-                       .persistent_workers = true,
-                       .worker_init_fn = [w = fds[1]](std::size_t id) {
-                         const char c = static_cast<char>('0' + id);
-                         (void)!::write(w, &c, 1);
-                       }});
+    DataLoader loader(testing::ledger(30), {.batch_size = 2,
+                                            .num_workers = 3,
+                                            .persistent_workers = true,
+                                            .worker_init_fn = [w = fds[1]](std::size_t id) {
+                                              const char c = static_cast<char>('0' + id);
+                                              (void)!::write(w, &c, 1);
+                                            }});
     for (int epoch = 0; epoch < 2; ++epoch) {
       for (auto& batch : loader) (void)batch;
     }
@@ -301,9 +306,9 @@ TEST(MultiProcess, WorkerInitFnRunsOncePerWorkerInTheWorker) {
   EXPECT_EQ(ids, (std::multiset<char>{'0', '1', '2'}));
 }
 
-TEST(MultiProcess, DatasetErrorsArriveOncePerBatchAndIterationGoesOn) {
+TEST_P(MultiProcess, DatasetErrorsArriveOncePerBatchAndIterationGoesOn) {
   // As PyTorch's test_error_workers: 41 samples that all fail, batch 2, 4 workers: 21 errors.
-  auto dataset = std::make_shared<testing::FailingDataset>(41, 0, 41);
+  auto dataset = testing::failing(41, 0, 41);
   DataLoader loader(dataset, {.batch_size = 2, .num_workers = 4});
   int errors = 0;
   auto it = loader.begin();
@@ -320,9 +325,8 @@ TEST(MultiProcess, DatasetErrorsArriveOncePerBatchAndIterationGoesOn) {
   EXPECT_EQ(errors, 21);
 }
 
-TEST(MultiProcess, AWorkerErrorNamesWorkerPidIndexBatchAndType) {
-  DataLoader loader(std::make_shared<testing::FailingDataset>(12, 7, 8),
-                    {.batch_size = 4, .num_workers = 2});
+TEST_P(MultiProcess, AWorkerErrorNamesWorkerPidIndexBatchAndType) {
+  DataLoader loader(testing::failing(12, 7, 8), {.batch_size = 4, .num_workers = 2});
   auto it = loader.begin();
   ++it;  // batch 1 holds index 7
   try {
@@ -339,7 +343,7 @@ TEST(MultiProcess, AWorkerErrorNamesWorkerPidIndexBatchAndType) {
   EXPECT_EQ(it->indices(), (std::vector<std::int64_t>{8, 9, 10, 11}));
 }
 
-TEST(MultiProcess, CollateMismatchInAWorkerIsABatchError) {
+TEST(MultiProcessFork, CollateMismatchInAWorkerIsABatchError) {
   class Ragged : public Dataset {
    public:
     std::size_t size() const override { return 4; }
@@ -353,7 +357,7 @@ TEST(MultiProcess, CollateMismatchInAWorkerIsABatchError) {
               ThrowsMessage<WorkerError>(HasSubstr("ferry::CollateError collating batch 0")));
 }
 
-TEST(MultiProcess, UserCollateRunsInTheWorker) {
+TEST(MultiProcessFork, UserCollateRunsInTheWorker) {
   CollateFn collate = [](std::vector<Example> samples) {
     Batch b(samples.size());
     std::vector<std::string> tags;
@@ -366,8 +370,7 @@ TEST(MultiProcess, UserCollateRunsInTheWorker) {
     b.set("tag", tags);
     return b;
   };
-  DataLoader loader(std::make_shared<RangeDataset>(10), {.batch_size = 5, .num_workers = 2},
-                    collate);
+  DataLoader loader(testing::range(10), {.batch_size = 5, .num_workers = 2}, collate);
   std::vector<std::int64_t> sums;
   for (auto& batch : loader) {
     sums.push_back(batch["sum"].item<std::int64_t>());
@@ -376,7 +379,28 @@ TEST(MultiProcess, UserCollateRunsInTheWorker) {
   EXPECT_EQ(sums, (std::vector<std::int64_t>{10, 35}));
 }
 
-TEST(MultiProcess, StringFieldsTravel) {
+TEST_P(MultiProcess, ARegisteredCollateTravelsToTheWorkers) {
+  DataLoader loader(testing::range(10), {.batch_size = 5, .num_workers = 2},
+                    Registry::global().make_collate(Config::map({{"type", "test.sum_x"}})));
+  std::vector<float> sums;
+  for (auto& batch : loader) sums.push_back(batch["sum"].item<float>());
+  // x of sample i is {i, i + 0.5}: the sums of batches {0..4} and {5..9}.
+  EXPECT_EQ(sums, (std::vector<float>{22.5f, 72.5f}));
+}
+
+TEST_P(MultiProcess, RegisteredTransformsRunInTheWorkers) {
+  auto dataset = Registry::global().make_dataset(Config::map(
+      {{"type", "test.range"},
+       {"n", 6},
+       {"transforms", Config::list({Config::map({{"type", "test.shift"}, {"by", 100}})})}}));
+  DataLoader loader(dataset, {.batch_size = 6, .num_workers = 2});
+  for (auto& batch : loader) {
+    EXPECT_EQ(batch["x"][5][0].item<float>(), 105.0f);
+    EXPECT_EQ(batch["x"][0][1].item<float>(), 100.5f);
+  }
+}
+
+TEST(MultiProcessFork, StringFieldsTravel) {
   class Named : public Dataset {
    public:
     std::size_t size() const override { return 6; }
@@ -393,10 +417,10 @@ TEST(MultiProcess, StringFieldsTravel) {
                                              "img4.jpg", "img5.jpg"}));
 }
 
-TEST(MultiProcess, IterableDatasetEachWorkerRunsItsOwnStream) {
+TEST_P(MultiProcess, IterableDatasetEachWorkerRunsItsOwnStream) {
   for (std::size_t workers : {1u, 2u, 3u}) {
     for (bool in_order : {true, false}) {
-      DataLoader loader(std::make_shared<CountingStream>(23),
+      DataLoader loader(testing::counting(23),
                         {.batch_size = 4, .num_workers = workers, .in_order = in_order});
       std::multiset<std::int64_t> values;
       for (auto& batch : loader) {
@@ -410,10 +434,9 @@ TEST(MultiProcess, IterableDatasetEachWorkerRunsItsOwnStream) {
   }
 }
 
-TEST(MultiProcess, IterableDatasetOrderIsTheSameFromRunToRun) {
+TEST_P(MultiProcess, IterableDatasetOrderIsTheSameFromRunToRun) {
   auto run = [] {
-    DataLoader loader(std::make_shared<CountingStream>(30),
-                      {.batch_size = 3, .num_workers = 3, .seed = 2});
+    DataLoader loader(testing::counting(30), {.batch_size = 3, .num_workers = 3, .seed = 2});
     std::vector<std::int64_t> values;
     for (auto& batch : loader) {
       const auto v = batch["value"];
@@ -426,9 +449,9 @@ TEST(MultiProcess, IterableDatasetOrderIsTheSameFromRunToRun) {
   EXPECT_EQ(run(), first);
 }
 
-TEST(MultiProcess, IterableDatasetWithEmptyShardsAndPersistentWorkers) {
+TEST_P(MultiProcess, IterableDatasetWithEmptyShardsAndPersistentWorkers) {
   // RELIABILITY row 16: 2 items over 4 workers leaves two streams empty.
-  DataLoader loader(std::make_shared<CountingStream>(2),
+  DataLoader loader(testing::counting(2),
                     {.batch_size = 1, .num_workers = 4, .persistent_workers = true});
   for (int epoch = 0; epoch < 3; ++epoch) {
     std::size_t n = 0;
@@ -437,22 +460,21 @@ TEST(MultiProcess, IterableDatasetWithEmptyShardsAndPersistentWorkers) {
   }
 }
 
-TEST(MultiProcess, EmptyDatasetAndBatchLargerThanTheDataset) {
-  DataLoader empty(std::make_shared<RangeDataset>(0), {.batch_size = 4, .num_workers = 2});
+TEST_P(MultiProcess, EmptyDatasetAndBatchLargerThanTheDataset) {
+  DataLoader empty(testing::range(0), {.batch_size = 4, .num_workers = 2});
   EXPECT_TRUE(empty.begin() == empty.end());
-  DataLoader big(std::make_shared<RangeDataset>(5), {.batch_size = 8, .num_workers = 2});
+  DataLoader big(testing::range(5), {.batch_size = 8, .num_workers = 2});
   std::size_t batches = 0;
   for (auto& batch : big) {
     EXPECT_EQ(batch.size(), 5u);
     ++batches;
   }
   EXPECT_EQ(batches, 1u);
-  DataLoader dropped(std::make_shared<RangeDataset>(5),
-                     {.batch_size = 8, .num_workers = 2, .drop_last = true});
+  DataLoader dropped(testing::range(5), {.batch_size = 8, .num_workers = 2, .drop_last = true});
   EXPECT_TRUE(dropped.begin() == dropped.end());
 }
 
-TEST(MultiProcess, AMillionIndexBatchTravels) {
+TEST(MultiProcessFork, AMillionIndexBatchTravels) {
   // RELIABILITY row 14: index messages far larger than a socket buffer.
   class Empty : public Dataset {
    public:
@@ -465,12 +487,12 @@ TEST(MultiProcess, AMillionIndexBatchTravels) {
   EXPECT_EQ((*it)["i"][999'999].item<std::int64_t>(), 999'999);
 }
 
-TEST(MultiProcess, LoaderCreatedOnAShortLivedThreadKeepsItsWorkers) {
+TEST_P(MultiProcess, LoaderCreatedOnAShortLivedThreadKeepsItsWorkers) {
   // PR_SET_PDEATHSIG fires when the forking thread exits: ferry forks from its own thread.
   std::unique_ptr<DataLoader> loader;
   std::thread([&] {
     loader = std::make_unique<DataLoader>(
-        std::make_shared<LedgerDataset>(40),
+        testing::ledger(40),
         DataLoaderOptions{.batch_size = 4, .num_workers = 2, .persistent_workers = true});
     for (auto& batch : *loader) (void)batch;  // workers started on this thread
   }).join();
@@ -479,14 +501,13 @@ TEST(MultiProcess, LoaderCreatedOnAShortLivedThreadKeepsItsWorkers) {
   EXPECT_EQ(n, 40u);
 }
 
-TEST(MultiProcess, ManyLoadersInterleaved) {
+TEST_P(MultiProcess, ManyLoadersInterleaved) {
   // RELIABILITY row 26: 8 loaders x 4 workers, interleaved, destroyed in a scrambled order.
   std::vector<std::unique_ptr<DataLoader>> loaders;
   std::vector<DataLoader::Iterator> its;
   for (int i = 0; i < 8; ++i) {
-    loaders.push_back(
-        std::make_unique<DataLoader>(std::make_shared<LedgerDataset>(40, 64),
-                                     DataLoaderOptions{.batch_size = 4, .num_workers = 4}));
+    loaders.push_back(std::make_unique<DataLoader>(
+        testing::ledger(40, 64), DataLoaderOptions{.batch_size = 4, .num_workers = 4}));
     its.push_back(loaders.back()->begin());
   }
   std::vector<std::size_t> counts(8, 0);
@@ -508,15 +529,6 @@ TEST(MultiProcess, ManyLoadersInterleaved) {
   for (auto c : counts) EXPECT_EQ(c, 40u);
   its.clear();
   for (int i : {3, 0, 7, 1, 5, 2, 6, 4}) loaders[static_cast<std::size_t>(i)].reset();
-}
-
-TEST(MultiProcess, StartMethodsOtherThanForkAreRefusedForNow) {
-  EXPECT_THAT(
-      [] {
-        DataLoader(std::make_shared<RangeDataset>(4),
-                   {.num_workers = 1, .start_method = StartMethod::kSpawn});
-      },
-      ThrowsMessage<ConfigError>(HasSubstr("use start_method=fork")));
 }
 
 }  // namespace

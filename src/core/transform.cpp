@@ -1,0 +1,47 @@
+#include "ferry/transform.h"
+
+#include "ferry/error.h"
+
+namespace ferry {
+
+TransformedDataset::TransformedDataset(std::shared_ptr<const Dataset> dataset,
+                                       TransformList transforms)
+    : dataset_(std::move(dataset)), transforms_(std::move(transforms)) {
+  FERRY_CHECK(dataset_ != nullptr, "TransformedDataset: the dataset is null");
+  for (const auto& t : transforms_)
+    FERRY_CHECK(t != nullptr, "TransformedDataset: a transform is null");
+}
+
+Example TransformedDataset::get(std::size_t index, SampleContext& ctx) const {
+  Example example = dataset_->get(index, ctx);
+  for (const auto& t : transforms_) example = (*t)(std::move(example), ctx);
+  return example;
+}
+
+TransformedIterableDataset::TransformedIterableDataset(
+    std::shared_ptr<const IterableDataset> dataset, TransformList transforms)
+    : dataset_(std::move(dataset)), transforms_(std::move(transforms)) {
+  FERRY_CHECK(dataset_ != nullptr, "TransformedIterableDataset: the dataset is null");
+  for (const auto& t : transforms_) {
+    FERRY_CHECK(t != nullptr, "TransformedIterableDataset: a transform is null");
+  }
+}
+
+std::unique_ptr<ExampleStream> TransformedIterableDataset::stream(SampleContext& ctx) const {
+  struct Stream : ExampleStream {
+    std::unique_ptr<ExampleStream> inner;
+    const TransformList* transforms = nullptr;
+    std::optional<Example> next(SampleContext& ctx) override {
+      std::optional<Example> example = inner->next(ctx);
+      if (!example) return example;
+      for (const auto& t : *transforms) example = (*t)(std::move(*example), ctx);
+      return example;
+    }
+  };
+  auto s = std::make_unique<Stream>();
+  s->inner = dataset_->stream(ctx);
+  s->transforms = &transforms_;
+  return s;
+}
+
+}  // namespace ferry

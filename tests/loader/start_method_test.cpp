@@ -1,0 +1,277 @@
+// The start methods (fork, spawn, forkserver): identical batches from each, the spawn and
+// forkserver handshake (configuration hash, dataset size), the errors of RELIABILITY row 5 under
+// spawn and forkserver, parallel start-up (pytorch#71543), and the CUDA refusal of row 22.
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <thread>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "ferry/data_loader.h"
+#include "ferry/error.h"
+#include "ferry/init.h"
+#include "ferry/registry.h"
+
+#include "loader/cuda_state.h"
+#include "support/process_harness.h"
+#include "support/registered.h"
+#include "support/start_methods.h"
+#include "workers/spawn.h"
+
+namespace ferry {
+namespace {
+
+using namespace std::chrono_literals;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::ThrowsMessage;
+using Clock = std::chrono::steady_clock;
+
+#define REQUIRE(cond, ...)                                                                       \
+  do {                                                                                           \
+    if (!(cond)) {                                                                               \
+      std::fprintf(stderr, "REQUIRE(%s) failed at line %d: ", #cond, __LINE__);                  \
+      std::fprintf(stderr, "%s\n", ::ferry::detail::str("" __VA_OPT__(, ) __VA_ARGS__).c_str()); \
+      return 1;                                                                                  \
+    }                                                                                            \
+  } while (false)
+
+void in_child(const std::function<int()>& body) {
+  const auto r = testing::run_in_child(body, 60s);
+  EXPECT_FALSE(r.timed_out) << "hung; output:\n" << r.output;
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
+std::vector<std::vector<torch::Tensor>> all_batches(StartMethod method, bool persistent) {
+  DataLoader loader(testing::ledger(101, 96, 300, 1, 5), {.batch_size = 8,
+                                                          .shuffle = true,
+                                                          .num_workers = 3,
+                                                          .persistent_workers = persistent,
+                                                          .seed = 5,
+                                                          .start_method = method});
+  std::vector<std::vector<torch::Tensor>> out;
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    for (auto& batch : loader) {
+      out.push_back({batch["payload"].clone(), batch["index"].clone(), batch["epoch"].clone(),
+                     batch["noise"].clone()});
+    }
+  }
+  return out;
+}
+
+TEST(StartMethods, BatchesAreBitwiseIdenticalUnderForkSpawnAndForkserver) {  // row 23
+  for (const bool persistent : {false, true}) {
+    const auto fork = all_batches(StartMethod::kFork, persistent);
+    ASSERT_EQ(fork.size(), 2u * 13u);
+    for (const auto method : {StartMethod::kSpawn, StartMethod::kForkserver}) {
+      const auto other = all_batches(method, persistent);
+      ASSERT_EQ(other.size(), fork.size()) << to_string(method);
+      for (std::size_t b = 0; b < fork.size(); ++b) {
+        for (std::size_t f = 0; f < fork[b].size(); ++f) {
+          ASSERT_TRUE(torch::equal(fork[b][f], other[b][f]))
+              << to_string(method) << " batch " << b << " field " << f;
+        }
+      }
+    }
+  }
+}
+
+TEST(StartMethods, InitRanAndTheForkserverIsAChildOfThisProcess) {
+  EXPECT_TRUE(initialized());
+  DataLoader loader(testing::ledger(8), {.batch_size = 4,
+                                         .num_workers = 2,
+                                         .persistent_workers = true,
+                                         .start_method = StartMethod::kForkserver});
+  for (auto& batch : loader) {
+    const pid_t worker = static_cast<pid_t>(batch["pid"][0].item<std::int64_t>());
+    // The worker is this process's child (clone with CLONE_PARENT), not the server's.
+    std::ifstream stat("/proc/" + std::to_string(worker) + "/stat");
+    std::string pid, comm, state;
+    pid_t ppid = 0;
+    stat >> pid >> comm >> state >> ppid;
+    EXPECT_EQ(ppid, ::getpid()) << "worker " << worker;
+    EXPECT_NE(worker, workers::forkserver_pid());
+  }
+  EXPECT_GT(workers::forkserver_pid(), 0);
+}
+
+class FreshStart : public ::testing::TestWithParam<StartMethod> {};
+INSTANTIATE_TEST_SUITE_P(Methods,
+                         FreshStart,
+                         ::testing::Values(StartMethod::kSpawn, StartMethod::kForkserver),
+                         testing::start_method_name);
+
+TEST_P(FreshStart, ADatasetBuiltInCIsRefusedAtConstructionWithTheFix) {
+  EXPECT_THAT(
+      [] {
+        DataLoader(std::make_shared<testing::RangeDataset>(4),
+                   {.num_workers = 1, .start_method = GetParam()});
+      },
+      ThrowsMessage<ConfigError>(
+          AllOf(HasSubstr("constructed directly in C++"), HasSubstr("make_dataset"))));
+}
+
+TEST_P(FreshStart, WorkerInitFnAndACollateClosureAreRefusedAtConstruction) {
+  EXPECT_THAT(
+      [] {
+        DataLoader(
+            testing::range(4),
+            {.num_workers = 1, .worker_init_fn = [](std::size_t) {}, .start_method = GetParam()});
+      },
+      ThrowsMessage<ConfigError>(HasSubstr("worker_init_fn cannot travel")));
+  EXPECT_THAT(
+      [] {
+        DataLoader(testing::range(4), {.num_workers = 1, .start_method = GetParam()},
+                   [](std::vector<Example> s) { return default_collate(std::move(s)); });
+      },
+      ThrowsMessage<ConfigError>(HasSubstr("make_collate")));
+}
+
+TEST_P(FreshStart, AFactoryThatFailsInTheWorkerIsRaisedAtTheFirstBatchAndAllAreReaped) {  // row 5
+  const StartMethod method = GetParam();
+  in_child([method] {
+    DataLoader warm(testing::range(2), {.num_workers = 1, .start_method = method});
+    for (auto& b : warm) (void)b;
+    const auto before = testing::snapshot();
+    {
+      auto dataset = Registry::global().make_dataset(Config::map({{"type", "test.broken"},
+                                                                  {"root", "/tmp"},
+                                                                  {"fail_in_worker", true},
+                                                                  {"main_pid", ::getpid()}}));
+      DataLoader loader(dataset, {.num_workers = 3, .start_method = method});
+      bool raised = false;
+      try {
+        for (auto& b : loader) (void)b;
+      } catch (const WorkerError& e) {
+        raised = true;
+        const std::string what = e.what();
+        REQUIRE(
+            what.find("rebuilding the dataset from its configuration failed") != std::string::npos,
+            what);
+        REQUIRE(what.find("dataset.root: folder '/tmp' does not exist") != std::string::npos, what);
+      }
+      REQUIRE(raised, "no WorkerError");
+    }
+    const std::string leaks = testing::wait_for_no_leaks(before, 2s);
+    REQUIRE(leaks.empty(), leaks);
+    return 0;
+  });
+}
+
+TEST_P(FreshStart, AWorkerThatCrashesBeforeItsHandshakeIsNamedAndReaped) {  // row 5
+  const StartMethod method = GetParam();
+  in_child([method] {
+    DataLoader warm(testing::range(2), {.num_workers = 1, .start_method = method});
+    for (auto& b : warm) (void)b;
+    const auto before = testing::snapshot();
+    {
+      auto dataset = Registry::global().make_dataset(Config::map({{"type", "test.slow_start"},
+                                                                  {"n", 8},
+                                                                  {"crash_in_worker", true},
+                                                                  {"main_pid", ::getpid()}}));
+      DataLoader loader(dataset, {.num_workers = 2, .start_method = method});
+      bool raised = false;
+      try {
+        for (auto& b : loader) (void)b;
+      } catch (const WorkerDiedError& e) {
+        raised = true;
+        const std::string what = e.what();
+        REQUIRE(e.signal() == SIGSEGV, what);
+        REQUIRE(what.find("before its handshake") != std::string::npos, what);
+      }
+      REQUIRE(raised, "no WorkerDiedError");
+    }
+    const std::string leaks = testing::wait_for_no_leaks(before, 2s);
+    REQUIRE(leaks.empty(), leaks);
+    return 0;
+  });
+}
+
+TEST_P(FreshStart, WorkersStartInParallel) {  // pytorch#71543
+  // Each worker's rebuild takes 2 s; four one after another would take 8 s and more.
+  auto dataset = Registry::global().make_dataset(
+      Config::map({{"type", "test.slow_start"}, {"n", 16}, {"delay_ms", 2000}}));
+  DataLoader loader(dataset, {.batch_size = 4, .num_workers = 4, .start_method = GetParam()});
+  const auto start = Clock::now();
+  std::size_t n = 0;
+  for (auto& batch : loader) n += batch.size();
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  EXPECT_EQ(n, 16u);
+  EXPECT_LT(seconds, 6.0) << "workers started one after another?";
+}
+
+TEST(StartMethods, ForkedWorkersStartInParallel) {  // pytorch#71543
+  DataLoader loader(testing::range(16),
+                    {.batch_size = 4, .num_workers = 4, .worker_init_fn = [](std::size_t) {
+                       std::this_thread::sleep_for(500ms);
+                     }});
+  const auto start = Clock::now();
+  std::size_t n = 0;
+  for (auto& batch : loader) n += batch.size();
+  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  EXPECT_EQ(n, 16u);
+  EXPECT_LT(seconds, 1.5) << "workers started one after another?";
+}
+
+TEST(StartMethods, ASpawnedWorkerWithAnotherConfigurationHashIsRefused) {
+  in_child([] {
+    // The spawned copy of this program registers test.drift with one more key, so it resolves
+    // the same node to another configuration.
+    auto dataset = Registry::global().make_dataset(Config::map({{"type", "test.drift"}, {"n", 8}}));
+    ::setenv("FERRY_TEST_DRIFT", "spicy", 1);
+    DataLoader loader(dataset, {.num_workers = 1, .start_method = StartMethod::kSpawn});
+    bool raised = false;
+    try {
+      for (auto& b : loader) (void)b;
+    } catch (const ConfigError& e) {
+      raised = true;
+      const std::string what = e.what();
+      REQUIRE(what.find("configuration hash") != std::string::npos, what);
+      REQUIRE(what.find(hash_string(dataset->spec()->hash)) != std::string::npos, what);
+      REQUIRE(what.find("{\"type\":\"test.drift\",\"n\":\"8\"}") != std::string::npos, what);
+    }
+    REQUIRE(raised, "no ConfigError");
+    return 0;
+  });
+}
+
+TEST(StartMethods, ForkAfterCudaIsRefusedAndSpawnWorks) {  // row 22, CPU part
+  detail::fault::pretend_cuda_initialized(true);
+  EXPECT_THAT([] { DataLoader(testing::range(4), {.num_workers = 1}); },
+              ThrowsMessage<ConfigError>(AllOf(HasSubstr("initialised CUDA"),
+                                               HasSubstr("start_method=spawn or forkserver"))));
+  std::size_t n = 0;
+  for (const auto method : {StartMethod::kSpawn, StartMethod::kForkserver}) {
+    DataLoader loader(testing::range(4),
+                      {.batch_size = 2, .num_workers = 1, .start_method = method});
+    for (auto& batch : loader) n += batch.size();
+  }
+  detail::fault::pretend_cuda_initialized(false);
+  EXPECT_EQ(n, 8u);
+  EXPECT_FALSE(detail::cuda_initialized()) << "this machine's process has no CUDA context";
+}
+
+TEST(StartMethods, CudaUsedInAForkedWorkerIsAWorkerErrorWithTheReason) {  // row 22
+  if (at::hasCUDA()) GTEST_SKIP() << "checks a CPU-only build's message";
+  class UsesCuda : public Dataset {
+   public:
+    std::size_t size() const override { return 2; }
+    Example get(std::size_t, SampleContext&) const override {
+      return {{"x", torch::zeros({1}, torch::kCUDA)}};
+    }
+  };
+  DataLoader loader(std::make_shared<UsesCuda>(), {.num_workers = 1});
+  EXPECT_THROW(
+      {
+        for (auto& b : loader) (void)b;
+      },
+      WorkerError);
+}
+
+}  // namespace
+}  // namespace ferry

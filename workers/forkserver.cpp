@@ -1,0 +1,225 @@
+#include "workers/forkserver.h"
+
+#include <poll.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+
+#include "ferry/error.h"
+#include "ferry/registry.h"
+
+#include "ipc/child_process.h"
+#include "workers/forker.h"
+#include "workers/spawn.h"
+
+extern char** environ;
+
+namespace ferry::workers {
+
+namespace {
+
+struct Server {
+  pid_t owner = -1;  // the process this server works for
+  ipc::Channel control;
+  ipc::ChildProcess process;
+};
+
+// Leaked on purpose, as the forker's state: a copy of this process made by fork() gets a fresh
+// mutex and no server (the parent's server works for the parent only).
+std::mutex* g_mutex = nullptr;
+Server* g_server = nullptr;
+
+void reset_in_child() {
+  g_mutex = new std::mutex;
+  g_server = nullptr;  // the parent's; never touched here
+}
+
+std::mutex& server_mutex() {
+  static const bool installed = [] {
+    g_mutex = new std::mutex;
+    ::pthread_atfork(nullptr, nullptr, reset_in_child);
+    return true;
+  }();
+  (void)installed;
+  return *g_mutex;
+}
+
+std::size_t thread_count() {
+  std::error_code ec;
+  std::size_t n = 0;
+  for (auto it = std::filesystem::directory_iterator("/proc/self/task", ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    ++n;
+  }
+  return n;
+}
+
+void adopt(ipc::Channel control, pid_t pid) {
+  register_parent_only_fd(control.fd());  // forked workers must not hold it
+  g_server = new Server{::getpid(), std::move(control), ipc::ChildProcess(pid)};
+}
+
+// A fresh copy of this program that turns into a server in ferry::init.
+void spawn_server() {
+  FERRY_CHECK(init_called(),
+              "start_method=forkserver needs ferry::init(argc, argv) called first "
+              "thing in main (it starts the fork server); or use start_method=spawn or fork");
+  auto [mine, theirs] = ipc::Channel::pair();
+  const std::string program = self_program();
+  const int fd = theirs.fd();
+  const int target = fd == 3 ? 4 : 3;
+  const pid_t pid = start_on_forker_thread([&]() -> pid_t {
+    posix_spawn_file_actions_t actions;
+    posix_spawnattr_t attr;
+    ::posix_spawn_file_actions_init(&actions);
+    ::posix_spawnattr_init(&attr);
+    ::posix_spawn_file_actions_adddup2(&actions, fd, target);
+    sigset_t mask, all;
+    sigemptyset(&mask);
+    sigaddset(&mask, SIGINT);  // blocked until ferry::init ignores it
+    sigfillset(&all);
+    ::posix_spawnattr_setsigmask(&attr, &mask);
+    ::posix_spawnattr_setsigdefault(&attr, &all);
+    ::posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+    const std::string sfd = std::to_string(target);
+    const std::string parent = std::to_string(::getpid());
+    char* argv[] = {const_cast<char*>(program.c_str()), const_cast<char*>(kForkserverFlag),
+                    const_cast<char*>(sfd.c_str()), const_cast<char*>(parent.c_str()), nullptr};
+    pid_t child = -1;
+    const int rc = ::posix_spawn(&child, program.c_str(), &actions, &attr, argv, environ);
+    ::posix_spawn_file_actions_destroy(&actions);
+    ::posix_spawnattr_destroy(&attr);
+    if (rc != 0) {
+      throw Error(detail::str("could not start the forkserver: posix_spawn(", program,
+                              ") failed: ", std::strerror(rc)));
+    }
+    return child;
+  });
+  theirs.close();
+  adopt(std::move(mine), pid);
+}
+
+// One request to the server; -1 if the server is gone or does not answer.
+pid_t request(Server& server, int index_fd, int data_fd, int& error) {
+  const std::byte ask[1] = {std::byte{1}};
+  const int fds[2] = {index_fd, data_fd};
+  const auto deadline = ipc::Clock::now() + std::chrono::seconds(5);
+  if (server.control.send(ask, fds, deadline) != ipc::Channel::SendResult::kSent) return -1;
+  pollfd p{server.control.fd(), POLLIN, 0};
+  for (;;) {
+    const int rc = ::poll(&p, 1, 5000);
+    if (rc < 0 && errno == EINTR) continue;
+    if (rc <= 0) return -1;
+    break;
+  }
+  std::vector<std::byte> reply;
+  std::vector<ipc::UniqueFd> ignored;
+  if (!server.control.receive(reply, ignored) || reply.size() != sizeof(std::int64_t)) return -1;
+  std::int64_t value = 0;
+  std::memcpy(&value, reply.data(), sizeof value);
+  if (value < 0) {
+    error = static_cast<int>(-value);
+    return 0;
+  }
+  return static_cast<pid_t>(value);
+}
+
+}  // namespace
+
+void run_forkserver(ipc::Channel control, pid_t parent) {
+  ::signal(SIGINT, SIG_IGN);  // Ctrl-C is the main process's decision
+  ::signal(SIGPIPE, SIG_IGN);
+  ::prctl(PR_SET_NAME, "ferry-forksrv");
+  std::vector<std::byte> bytes;
+  std::vector<ipc::UniqueFd> fds;
+  for (;;) {
+    fds.clear();
+    bool got = false;
+    try {
+      got = control.receive(bytes, fds);
+    } catch (...) {
+      ::_exit(1);
+    }
+    if (!got) ::_exit(0);  // the loader's process closed its end or died
+    std::int64_t reply = -EINVAL;
+    if (fds.size() == 2) {
+      // A raw clone: fork() has no CLONE_PARENT. This process is single-threaded, so the
+      // child needs none of glibc's fork-time resets.
+      const long pid = ::syscall(SYS_clone, CLONE_PARENT | SIGCHLD, nullptr, nullptr, nullptr, 0);
+      if (pid == 0) {
+        control.close();
+        ::signal(SIGPIPE, SIG_DFL);
+        ::prctl(PR_SET_NAME, "ferry-worker");
+        serve_setup(Registry::global(), ipc::Channel(std::move(fds[0])),
+                    ipc::Channel(std::move(fds[1])));
+      }
+      reply = pid < 0 ? -static_cast<std::int64_t>(errno) : pid;
+    }
+    fds.clear();
+    const auto* p = reinterpret_cast<const std::byte*>(&reply);
+    if (control.send(std::span<const std::byte>(p, sizeof reply), {},
+                     ipc::Clock::now() + std::chrono::seconds(5)) !=
+        ipc::Channel::SendResult::kSent) {
+      ::_exit(0);
+    }
+    (void)parent;
+  }
+}
+
+void start_forkserver_now() {
+  std::lock_guard<std::mutex> lock(server_mutex());
+  if (g_server != nullptr || thread_count() > 1) return;  // threads: a fork is not clean
+  auto [mine, theirs] = ipc::Channel::pair();
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    mine.close();
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(0);
+    run_forkserver(std::move(theirs), parent);
+  }
+  if (pid < 0) return;  // the first forkserver loader spawns one instead
+  theirs.close();
+  adopt(std::move(mine), pid);
+}
+
+pid_t forkserver_worker(ipc::UniqueFd index, ipc::UniqueFd data) {
+  std::lock_guard<std::mutex> lock(server_mutex());
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    if (g_server == nullptr || g_server->owner != ::getpid()) {
+      g_server = nullptr;  // a copy of our parent's, after fork(): not ours to use
+      spawn_server();
+    }
+    int error = 0;
+    const pid_t pid = request(*g_server, index.get(), data.get(), error);
+    if (pid > 0) return pid;
+    if (error != 0) {
+      throw Error(detail::str("the forkserver (pid ", g_server->process.pid(),
+                              ") could not fork a DataLoader worker: ", std::strerror(error)));
+    }
+    // The server died or hung: reap it and start a fresh one, once.
+    unregister_parent_only_fd(g_server->control.fd());
+    (void)g_server->process.terminate(std::chrono::milliseconds(0));
+    delete g_server;
+    g_server = nullptr;
+  }
+  throw Error(
+      "the forkserver did not answer twice; DataLoader workers cannot start (use "
+      "start_method=spawn or fork)");
+}
+
+pid_t forkserver_pid() noexcept {
+  std::lock_guard<std::mutex> lock(server_mutex());
+  return g_server != nullptr && g_server->owner == ::getpid() ? g_server->process.pid() : -1;
+}
+
+}  // namespace ferry::workers

@@ -1,0 +1,235 @@
+#include "workers/spawn.h"
+
+#include <signal.h>
+#include <spawn.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <charconv>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string_view>
+
+#include "ferry/error.h"
+
+#include "ipc/protocol.h"
+#include "workers/forker.h"
+#include "workers/forkserver.h"
+#include "workers/worker_loop.h"
+
+extern char** environ;
+
+namespace ferry::workers {
+
+namespace {
+
+std::atomic<bool> g_init_called{false};
+
+int parse_fd(const char* s) {
+  int v = -1;
+  const std::string_view text(s);
+  const auto r = std::from_chars(text.data(), text.data() + text.size(), v);
+  return (r.ec == std::errc() && r.ptr == text.data() + text.size()) ? v : -1;
+}
+
+[[noreturn]] void die(const std::string& message) {
+  std::fprintf(stderr, "ferry: %s\n", message.c_str());
+  std::fflush(stderr);
+  ::_exit(1);
+}
+
+// Parent-death signal before anything else, and the race closed: a worker never outlives the
+// process that started it.
+void follow_parent(pid_t parent) {
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (parent > 0 && ::getppid() != parent) ::_exit(0);
+}
+
+std::string current_message() {
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "(an exception not derived from std::exception)";
+  }
+}
+
+}  // namespace
+
+void ignore_sigint() {
+  ::signal(SIGINT, SIG_IGN);
+  sigset_t mask;
+  sigemptyset(&mask);
+  sigaddset(&mask, SIGINT);
+  ::sigprocmask(SIG_UNBLOCK, &mask, nullptr);  // a Ctrl-C that came meanwhile is dropped
+}
+
+bool init_called() noexcept { return g_init_called.load(); }
+
+std::string self_program() {
+  std::error_code ec;
+  const auto path = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) throw Error("ferry: cannot read /proc/self/exe to spawn workers: " + ec.message());
+  return path.string();
+}
+
+std::optional<std::string> find_ferry_worker(std::vector<std::string>& tried) {
+  std::vector<std::string> candidates;
+  if (const char* env = std::getenv("FERRY_WORKER_PROGRAM"); env != nullptr && *env != '\0') {
+    candidates.emplace_back(env);
+  } else {
+    std::error_code ec;
+    const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+    if (!ec) candidates.push_back((self.parent_path() / "ferry-worker").string());
+#ifdef FERRY_BUILD_TREE_WORKER
+    candidates.emplace_back(FERRY_BUILD_TREE_WORKER);
+#endif
+#ifdef FERRY_INSTALLED_WORKER
+    candidates.emplace_back(FERRY_INSTALLED_WORKER);
+#endif
+  }
+  for (const auto& c : candidates) {
+    tried.push_back(c);
+    if (::access(c.c_str(), X_OK) == 0) return c;
+  }
+  return std::nullopt;
+}
+
+pid_t spawn_worker(const std::string& program, ipc::UniqueFd index, ipc::UniqueFd data) {
+  return start_on_forker_thread([&]() -> pid_t {
+    // The worker's ends go to the two lowest numbers from 3 that are neither end, so the
+    // first dup2 cannot overwrite the second end.
+    const int a = index.get();
+    const int b = data.get();
+    int ta = 3;
+    while (ta == a || ta == b) ++ta;
+    int tb = ta + 1;
+    while (tb == a || tb == b) ++tb;
+    posix_spawn_file_actions_t actions;
+    posix_spawnattr_t attr;
+    ::posix_spawn_file_actions_init(&actions);
+    ::posix_spawnattr_init(&attr);
+    ::posix_spawn_file_actions_adddup2(&actions, a, ta);
+    ::posix_spawn_file_actions_adddup2(&actions, b, tb);
+    sigset_t mask, all;
+    sigemptyset(&mask);
+    sigaddset(&mask, SIGINT);  // blocked until ferry::init ignores it (see ignore_sigint)
+    sigfillset(&all);
+    ::posix_spawnattr_setsigmask(&attr, &mask);
+    ::posix_spawnattr_setsigdefault(&attr, &all);  // no ignored SIGPIPE or SIGINT inherited
+    ::posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+    const std::string sa = std::to_string(ta);
+    const std::string sb = std::to_string(tb);
+    const std::string parent = std::to_string(::getpid());
+    char* argv[] = {const_cast<char*>(program.c_str()), const_cast<char*>(kSpawnedWorkerFlag),
+                    const_cast<char*>(sa.c_str()),      const_cast<char*>(sb.c_str()),
+                    const_cast<char*>(parent.c_str()),  nullptr};
+    pid_t pid = -1;
+    const int rc = ::posix_spawn(&pid, program.c_str(), &actions, &attr, argv, environ);
+    ::posix_spawn_file_actions_destroy(&actions);
+    ::posix_spawnattr_destroy(&attr);
+    if (rc != 0) {
+      throw Error(detail::str(
+          "could not start a DataLoader worker: posix_spawn(", program,
+          ") failed: ", std::strerror(rc),
+          rc == ENOENT || rc == EACCES ? "; check that the program exists and is executable" : ""));
+    }
+    return pid;
+  });
+}
+
+void serve_setup(const Registry& registry, ipc::Channel index, ipc::Channel data) {
+  std::vector<std::byte> bytes;
+  std::vector<ipc::UniqueFd> fds;
+  ipc::SetupMessage setup;
+  try {
+    if (!index.receive(bytes, fds)) ::_exit(0);  // the loader went away before we started
+    auto message = ipc::decode_index(bytes);
+    auto* s = std::get_if<ipc::SetupMessage>(&message);
+    if (s == nullptr) die("a spawned DataLoader worker expected its setup message first");
+    setup = std::move(*s);
+  } catch (...) {
+    die("a spawned DataLoader worker could not read its setup: " + current_message());
+  }
+
+  WorkerSpec spec;
+  spec.worker_id = setup.worker_id;
+  spec.num_workers = setup.num_workers;
+  spec.base_seed = setup.base_seed;
+  spec.batch_size = setup.batch_size;
+  spec.drop_last = setup.drop_last;
+  spec.keep_free_segments = setup.keep_free_segments;
+  spec.spin = setup.spin;
+  spec.sample_timeout = std::chrono::milliseconds(setup.sample_timeout_ms);
+  spec.parent_pid = static_cast<pid_t>(setup.parent_pid);
+  prepare_worker_process(spec);
+
+  ipc::WorkerReadyMessage ready;
+  ready.pid = ::getpid();
+  const char* stage = "rebuilding the dataset from its configuration";
+  try {
+    AnyDataset any = registry.make_any_dataset(Config::parse_text(setup.dataset_config));
+    if (auto* map = std::get_if<std::shared_ptr<Dataset>>(&any)) {
+      ready.dataset_hash = (*map)->spec()->hash;
+      ready.dataset_size = static_cast<std::int64_t>((*map)->size());
+      spec.dataset = std::move(*map);
+    } else {
+      auto& iterable = std::get<std::shared_ptr<IterableDataset>>(any);
+      ready.dataset_hash = iterable->spec()->hash;
+      spec.iterable = std::move(iterable);
+    }
+    if (!setup.collate_config.empty()) {
+      stage = "rebuilding the collate function from its configuration";
+      spec.collate_fn = registry.make_collate(Config::parse_text(setup.collate_config));
+      ready.collate_hash = collate_spec(spec.collate_fn)->hash;
+    }
+  } catch (...) {
+    ipc::WorkerErrorMessage error;
+    error.type_name = current_exception_type_name();
+    error.message = std::string(stage) + " failed: " + current_message();
+    (void)data.send(ipc::encode(ipc::DataMessage(std::move(error))), {},
+                    ipc::Clock::now() + std::chrono::seconds(5));
+    std::fflush(stderr);
+    ::_exit(1);
+  }
+  if (data.send(ipc::encode(ipc::DataMessage(ready))) != ipc::Channel::SendResult::kSent) {
+    ::_exit(0);
+  }
+  run_worker(spec, std::move(index), std::move(data));
+}
+
+void init_process(int argc, char** argv, bool start_forkserver) {
+  if (argc >= 5 && std::strcmp(argv[1], kSpawnedWorkerFlag) == 0) {
+    const int index_fd = parse_fd(argv[2]);
+    const int data_fd = parse_fd(argv[3]);
+    ignore_sigint();
+    if (index_fd < 0 || data_fd < 0) die("bad arguments for a spawned DataLoader worker");
+    follow_parent(static_cast<pid_t>(std::atoll(argv[4])));
+    serve_setup(Registry::global(), ipc::Channel(ipc::UniqueFd(index_fd)),
+                ipc::Channel(ipc::UniqueFd(data_fd)));
+  }
+  if (argc >= 4 && std::strcmp(argv[1], kForkserverFlag) == 0) {
+    const int control_fd = parse_fd(argv[2]);
+    ignore_sigint();
+    if (control_fd < 0) die("bad arguments for a ferry forkserver");
+    const auto parent = static_cast<pid_t>(std::atoll(argv[3]));
+    follow_parent(parent);
+    run_forkserver(ipc::Channel(ipc::UniqueFd(control_fd)), parent);
+  }
+  g_init_called = true;
+  if (start_forkserver) start_forkserver_now();
+}
+
+}  // namespace ferry::workers
+
+namespace ferry::detail {
+void init_process(int argc, char** argv, bool start_forkserver) {
+  workers::init_process(argc, argv, start_forkserver);
+}
+bool init_called() noexcept { return workers::init_called(); }
+}  // namespace ferry::detail

@@ -1,0 +1,61 @@
+#pragma once
+
+// The spawn and forkserver start methods, and what ferry::init does in a process that ferry
+// started. A spawned worker is a fresh copy of a program (the user's, when it called
+// ferry::init, or ferry-worker) that gets its two channel ends as descriptor numbers in argv,
+// then its SetupMessage on the index channel: the dataset as configuration text, rebuilt here
+// from the registry.
+
+#include <sys/types.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ferry/registry.h"
+
+#include "ipc/channel.h"
+#include "ipc/unique_fd.h"
+
+namespace ferry::workers {
+
+inline constexpr const char* kSpawnedWorkerFlag = "--ferry-spawned-worker";
+inline constexpr const char* kForkserverFlag = "--ferry-forkserver";
+
+// True once ferry::init ran in this process (not in a worker: there it never returns).
+bool init_called() noexcept;
+
+// This program, as /proc/self/exe names it.
+std::string self_program();
+
+// The ferry-worker program: $FERRY_WORKER_PROGRAM, else next to this program, else in the
+// build tree, else in the install prefix. nullopt if none exists; `tried` lists the paths.
+std::optional<std::string> find_ferry_worker(std::vector<std::string>& tried);
+
+// Starts `program` as a worker with the worker's channel ends, from the forker thread. Returns
+// its pid. Throws ferry::Error naming the program when it cannot be started.
+pid_t spawn_worker(const std::string& program, ipc::UniqueFd index, ipc::UniqueFd data);
+
+// Asks this process's forkserver for a worker with these channel ends; the worker is a child
+// of this process. Starts a forkserver first when this process has none (a forked copy of the
+// process that called ferry::init spawns its own). Throws ferry::Error.
+pid_t forkserver_worker(ipc::UniqueFd index, ipc::UniqueFd data);
+
+// The forkserver's pid in this process, or -1 (tests exclude it when counting children).
+pid_t forkserver_pid() noexcept;
+
+// In a spawned or forkserver worker: reads the SetupMessage, rebuilds the dataset (and
+// collate) from `registry`, answers WorkerReadyMessage, and runs the worker loop. A failure
+// is reported as a WorkerErrorMessage naming the type and key. Never returns.
+[[noreturn]] void serve_setup(const Registry& registry, ipc::Channel index, ipc::Channel data);
+
+// A spawned process starts with SIGINT blocked, so a Ctrl-C to the process group while it loads
+// cannot kill it; this ignores SIGINT (Ctrl-C is the main process's decision) and unblocks it.
+void ignore_sigint();
+
+// ferry::init's work: in a process started as a worker or forkserver, serve and never return;
+// otherwise remember that init ran and, if asked, fork the forkserver now, while the process
+// is still single-threaded.
+void init_process(int argc, char** argv, bool start_forkserver);
+
+}  // namespace ferry::workers
