@@ -5,6 +5,7 @@
 //   build/bench/ferry_loader_bench                                  # all workloads, 1 and 2
 //   workers build/bench/ferry_loader_bench --workloads tiny --workers 1,2,4 --seconds 3 --repeat 3
 //   build/bench/ferry_loader_bench --repeat 3 --markdown           # the table for the README
+//   build/bench/ferry_loader_bench --startup --repeat 9            # first batch per start method
 
 #include <stdio.h>  // popen, pclose, getline
 #include <sys/wait.h>
@@ -115,6 +116,30 @@ class FerryImages : public ferry::Dataset {
   torch::Tensor stored_;
 };
 
+// The two datasets as registered types, so spawn and forkserver workers can rebuild them.
+void register_bench_types() {
+  auto& r = ferry::Registry::global();
+  const ferry::KeySpec size{.name = "size", .type = ferry::ValueType::kInt, .required = true};
+  r.add_dataset({.name = "bench.tiny", .keys = {size}}, [](const ferry::Args& a) {
+    return std::make_shared<FerryTiny>(a.get<std::size_t>("size"));
+  });
+  r.add_dataset(
+      {.name = "bench.images",
+       .keys = {size, {.name = "clone", .type = ferry::ValueType::kBool, .default_value = true}}},
+      [](const ferry::Args& a) {
+        return std::make_shared<FerryImages>(a.get<std::size_t>("size"), a.get<bool>("clone"));
+      });
+}
+
+std::shared_ptr<ferry::Dataset> make_ferry_dataset(Workload w, std::size_t samples) {
+  if (w == Workload::kTiny) {
+    return ferry::Registry::global().make_dataset(
+        ferry::Config::map({{"type", "bench.tiny"}, {"size", samples}}));
+  }
+  return ferry::Registry::global().make_dataset(ferry::Config::map(
+      {{"type", "bench.images"}, {"size", samples}, {"clone", w == Workload::kTensor}}));
+}
+
 // LibTorch's torch::data: the same samples as Example<data, target> (TensorExample for tiny).
 class LibTorchTiny
     : public torch::data::datasets::Dataset<LibTorchTiny, torch::data::TensorExample> {
@@ -190,18 +215,17 @@ Run measure(Open&& open, std::size_t warmup, const Budget& budget) {
 }
 
 // Opens a ferry loader over `capacity` batches of workload `w`.
-auto ferry_opener(Workload w, std::size_t num_workers, std::size_t capacity) {
+auto ferry_opener(Workload w,
+                  std::size_t num_workers,
+                  std::size_t capacity,
+                  ferry::StartMethod method = ferry::StartMethod::kFork) {
+  // Built through the registry, as spawn needs, and before the clock starts (as the peer does).
+  std::shared_ptr<const ferry::Dataset> dataset = make_ferry_dataset(w, capacity * batch_size(w));
   return [=] {
-    const std::size_t samples = capacity * batch_size(w);
-    std::shared_ptr<const ferry::Dataset> dataset;
-    if (w == Workload::kTiny) {
-      dataset = std::make_shared<FerryTiny>(samples);
-    } else {
-      dataset = std::make_shared<FerryImages>(samples, w == Workload::kTensor);
-    }
     auto loader = std::make_shared<ferry::DataLoader>(
-        std::move(dataset),
-        ferry::DataLoaderOptions{.batch_size = batch_size(w), .num_workers = num_workers});
+        dataset,
+        ferry::DataLoaderOptions{
+            .batch_size = batch_size(w), .num_workers = num_workers, .start_method = method});
     ferry::DataLoader::Iterator it = loader->begin();
     bool started = false;
     return [loader, it, started]() mutable {
@@ -352,9 +376,11 @@ PeerResults run_pytorch_peer(const std::string& python,
                              const std::vector<Workload>& workloads,
                              const std::vector<std::size_t>& workers,
                              const Budget& budget,
-                             int repeat) {
+                             int repeat,
+                             const std::string& start_method = "fork") {
   PeerResults out;
-  std::string command = shell_quote(python) + " " + shell_quote(peer) + " --workload ";
+  std::string command = shell_quote(python) + " " + shell_quote(peer) + " --start-method " +
+                        start_method + " --workload ";
   for (std::size_t i = 0; i < workloads.size(); ++i) {
     command += (i ? "," : "") + std::string(name(workloads[i]));
   }
@@ -469,6 +495,7 @@ struct Args {
   int repeat = 1;
   bool markdown = false;
   bool peers = true;
+  bool startup = false;
   std::string peer;
   std::string python = "/usr/bin/python3";
 };
@@ -488,7 +515,7 @@ std::string default_peer() {
 constexpr const char* kUsage =
     "usage: ferry_loader_bench [--workloads tiny,tensor,tensor-view] [--workers 1,2]\n"
     "                          [--seconds S | --batches N] [--repeat R] [--markdown]\n"
-    "                          [--no-peers] [--peer PATH] [--python PATH]\n"
+    "                          [--no-peers] [--peer PATH] [--python PATH] [--startup]\n"
     "Loader throughput of ferry, PyTorch (pytorch_peer.py) and LibTorch's torch::data loader.\n"
     "  --workloads   comma list (default: all three)\n"
     "  --workers     comma list of num_workers (default: 1,2)\n"
@@ -497,6 +524,8 @@ constexpr const char* kUsage =
     "  --repeat R    runs per configuration; the table shows the median (default: 1)\n"
     "  --markdown    print Markdown tables (for the README)\n"
     "  --no-peers    measure ferry only (no PyTorch, no LibTorch)\n"
+    "  --startup     only time to first batch, for each start method (fork, forkserver,\n"
+    "                spawn) against PyTorch's fork and spawn (default workers: 2)\n"
     "  --peer PATH   pytorch_peer.py (default: next to this benchmark's source)\n"
     "  --python PATH the Python with torch (default: /usr/bin/python3)\n";
 
@@ -568,6 +597,8 @@ Args parse_args(int argc, char** argv) {
       args.repeat = static_cast<int>(parse_count(option, value(), 1));
     } else if (option == "--markdown") {
       args.markdown = true;
+    } else if (option == "--startup") {
+      args.startup = true;
     } else if (option == "--no-peers") {
       args.peers = false;
     } else if (option == "--peer") {
@@ -605,8 +636,84 @@ void collect(Cell& cell, int repeat, const char* loader, const Config& c, Body&&
 
 }  // namespace
 
+// Time to first batch (from constructing the loader) under each start method, next to
+// PyTorch's fork and spawn on the same datasets, in one run.
+int run_startup(Args args) {
+  const bool workers_given =
+      !(args.workers.size() == 2 && args.workers[0] == 1 && args.workers[1] == 2);
+  if (!workers_given) args.workers = {2};
+  const ferry::StartMethod methods[] = {ferry::StartMethod::kFork, ferry::StartMethod::kForkserver,
+                                        ferry::StartMethod::kSpawn};
+  struct StartRow {
+    Config config;
+    Cell ferry[3];
+    Cell pytorch[2];  // fork, spawn
+  };
+  std::vector<StartRow> rows;
+  for (Workload w : args.workloads) {
+    for (std::size_t n : args.workers) rows.push_back(StartRow{Config{w, n}, {}, {}});
+  }
+  const Budget one{.batches = 1};
+  for (StartRow& row : rows) {
+    for (int m = 0; m < 3; ++m) {
+      const std::string label = "ferry-" + std::string(ferry::to_string(methods[m]));
+      collect(row.ferry[m], args.repeat, label.c_str(), row.config, [&] {
+        const Config c = row.config;
+        const std::size_t warmup = warmup_batches(c.num_workers);
+        return measure(ferry_opener(c.workload, c.num_workers, 2 + warmup, methods[m]), warmup,
+                       one);
+      });
+    }
+  }
+  std::string torch_version;
+  if (args.peers) {
+    const char* peer_methods[] = {"fork", "spawn"};
+    for (int m = 0; m < 2; ++m) {
+      PeerResults peer = run_pytorch_peer(args.python, args.peer, args.workloads, args.workers, one,
+                                          args.repeat, peer_methods[m]);
+      if (!peer.torch_version.empty()) torch_version = peer.torch_version;
+      for (StartRow& row : rows) {
+        const auto it =
+            peer.runs.find({std::string(name(row.config.workload)), row.config.num_workers});
+        if (it != peer.runs.end()) {
+          row.pytorch[m].runs = it->second;
+        } else {
+          row.pytorch[m].error = peer.error.empty() ? "no result from pytorch_peer.py" : peer.error;
+        }
+      }
+    }
+  }
+  std::printf(
+      "%sferry %s, PyTorch %s; %u hardware threads; time to first batch in ms (from "
+      "constructing the loader), median of %d\n\n",
+      args.markdown ? "" : "# ", FERRY_VERSION, torch_version.empty() ? "-" : torch_version.c_str(),
+      std::thread::hardware_concurrency(), args.repeat);
+  auto ms = [](std::optional<double> s) -> std::optional<double> {
+    if (!s) return std::nullopt;
+    return *s * 1e3;
+  };
+  std::vector<std::vector<std::string>> table;
+  for (const StartRow& row : rows) {
+    std::optional<double> f[3], p[2];
+    for (int m = 0; m < 3; ++m) f[m] = ms(first_batch(row.ferry[m]));
+    for (int m = 0; m < 2; ++m) p[m] = ms(first_batch(row.pytorch[m]));
+    table.push_back({std::string(name(row.config.workload)), std::to_string(row.config.num_workers),
+                     format_value(row.ferry[0], f[0], 1), format_value(row.ferry[1], f[1], 1),
+                     format_value(row.ferry[2], f[2], 1), format_value(row.pytorch[0], p[0], 1),
+                     format_value(row.pytorch[1], p[1], 1), format_ratio(f[0], p[0]),
+                     format_ratio(f[1], p[0]), format_ratio(f[2], p[1])});
+  }
+  print_table({"workload", "workers", "ferry fork", "ferry forkserver", "ferry spawn",
+               "pytorch fork", "pytorch spawn", "fork/fork", "forkserver/fork", "spawn/spawn"},
+              table, 2, args.markdown);
+  return 0;
+}
+
 int main(int argc, char** argv) {
+  register_bench_types();
+  ferry::init(argc, argv);  // spawned workers are copies of this program
   const Args args = parse_args(argc, argv);
+  if (args.startup) return run_startup(args);
 
   std::vector<Row> rows;
   for (Workload w : args.workloads) {

@@ -145,6 +145,20 @@ void unregister_parent_only_fd(int fd) {
   registry().erase(fd);
 }
 
+void close_parent_only_fd(ipc::UniqueFd fd) noexcept {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  registry().erase(fd.get());
+  fd.reset();
+}
+
+std::pair<ipc::Channel, ipc::Channel> make_parent_only_pair() {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  auto pair = ipc::Channel::pair();
+  registry().insert(pair.first.fd());
+  registry().insert(pair.second.fd());
+  return pair;
+}
+
 WorkerChannels make_worker_channels() {
   std::lock_guard<std::mutex> lock(registry_mutex());
   auto [main_index, worker_index] = ipc::Channel::pair();

@@ -15,6 +15,11 @@ namespace ferry::workers {
 // never holds loader A's channels open (A's workers would never see EOF) (RELIABILITY row 26).
 void register_parent_only_fd(int fd);
 void unregister_parent_only_fd(int fd);
+// Unregisters and closes `fd` in one step, under the registry's lock, so no fork in between
+// leaves a copy of it in a worker.
+void close_parent_only_fd(ipc::UniqueFd fd) noexcept;
+// A channel pair whose two ends are registered as parent-only from the start.
+std::pair<ipc::Channel, ipc::Channel> make_parent_only_pair();
 
 // A new worker's two channel pairs. All four ends are created and registered as parent-only
 // in one step, under the registry's lock, so a fork for another loader in between inherits

@@ -5,6 +5,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <spawn.h>
+#include <stdio_ext.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -73,7 +74,7 @@ void spawn_server() {
   FERRY_CHECK(init_called(),
               "start_method=forkserver needs ferry::init(argc, argv) called first "
               "thing in main (it starts the fork server); or use start_method=spawn or fork");
-  auto [mine, theirs] = ipc::Channel::pair();
+  auto [mine, theirs] = make_parent_only_pair();
   const std::string program = self_program();
   const int fd = theirs.fd();
   const int target = fd == 3 ? 4 : 3;
@@ -95,7 +96,7 @@ void spawn_server() {
     char* argv[] = {const_cast<char*>(program.c_str()), const_cast<char*>(kForkserverFlag),
                     const_cast<char*>(sfd.c_str()), const_cast<char*>(parent.c_str()), nullptr};
     pid_t child = -1;
-    const int rc = ::posix_spawn(&child, program.c_str(), &actions, &attr, argv, environ);
+    const int rc = ::posix_spawn(&child, "/proc/self/exe", &actions, &attr, argv, environ);
     ::posix_spawn_file_actions_destroy(&actions);
     ::posix_spawnattr_destroy(&attr);
     if (rc != 0) {
@@ -104,11 +105,13 @@ void spawn_server() {
     }
     return child;
   });
-  theirs.close();
+  close_parent_only_fd(theirs.release());
   adopt(std::move(mine), pid);
 }
 
-// One request to the server; -1 if the server is gone or does not answer.
+// One request to the server: the worker's pid, or 0 with `error` set (the server's errno), or
+// -1 if the server was gone before the request reached it (safe to ask another server), or
+// -2 if it took the request and did not answer (not safe: it may have started a worker).
 pid_t request(Server& server, int index_fd, int data_fd, int& error) {
   const std::byte ask[1] = {std::byte{1}};
   const int fds[2] = {index_fd, data_fd};
@@ -118,12 +121,12 @@ pid_t request(Server& server, int index_fd, int data_fd, int& error) {
   for (;;) {
     const int rc = ::poll(&p, 1, 5000);
     if (rc < 0 && errno == EINTR) continue;
-    if (rc <= 0) return -1;
+    if (rc <= 0) return -2;
     break;
   }
   std::vector<std::byte> reply;
   std::vector<ipc::UniqueFd> ignored;
-  if (!server.control.receive(reply, ignored) || reply.size() != sizeof(std::int64_t)) return -1;
+  if (!server.control.receive(reply, ignored) || reply.size() != sizeof(std::int64_t)) return -2;
   std::int64_t value = 0;
   std::memcpy(&value, reply.data(), sizeof value);
   if (value < 0) {
@@ -139,6 +142,11 @@ void run_forkserver(ipc::Channel control, pid_t parent) {
   ::signal(SIGINT, SIG_IGN);  // Ctrl-C is the main process's decision
   ::signal(SIGPIPE, SIG_IGN);
   ::prctl(PR_SET_NAME, "ferry-forksrv");
+  ::__fpurge(stdout);  // output the program buffered before ferry::init is its own to write
+  ::__fpurge(stderr);
+  // The raw clone below skips glibc's fork-time resets, which only a single-threaded process
+  // can do without (code before ferry::init that started a thread breaks that).
+  const bool single_threaded = thread_count() == 1;
   std::vector<std::byte> bytes;
   std::vector<ipc::UniqueFd> fds;
   for (;;) {
@@ -150,14 +158,16 @@ void run_forkserver(ipc::Channel control, pid_t parent) {
       ::_exit(1);
     }
     if (!got) ::_exit(0);  // the loader's process closed its end or died
-    std::int64_t reply = -EINVAL;
-    if (fds.size() == 2) {
+    std::int64_t reply = single_threaded ? -EINVAL : -ENOTSUP;
+    if (fds.size() == 2 && single_threaded) {
       // A raw clone: fork() has no CLONE_PARENT. This process is single-threaded, so the
       // child needs none of glibc's fork-time resets.
       const long pid = ::syscall(SYS_clone, CLONE_PARENT | SIGCHLD, nullptr, nullptr, nullptr, 0);
       if (pid == 0) {
         control.close();
         ::signal(SIGPIPE, SIG_DFL);
+        ::__fpurge(stdout);
+        ::__fpurge(stderr);
         ::prctl(PR_SET_NAME, "ferry-worker");
         serve_setup(Registry::global(), ipc::Channel(std::move(fds[0])),
                     ipc::Channel(std::move(fds[1])));
@@ -192,7 +202,7 @@ void start_forkserver_now() {
   adopt(std::move(mine), pid);
 }
 
-pid_t forkserver_worker(ipc::UniqueFd index, ipc::UniqueFd data) {
+pid_t forkserver_worker(int index_fd, int data_fd) {
   std::lock_guard<std::mutex> lock(server_mutex());
   for (int attempt = 0; attempt < 2; ++attempt) {
     if (g_server == nullptr || g_server->owner != ::getpid()) {
@@ -200,20 +210,30 @@ pid_t forkserver_worker(ipc::UniqueFd index, ipc::UniqueFd data) {
       spawn_server();
     }
     int error = 0;
-    const pid_t pid = request(*g_server, index.get(), data.get(), error);
+    const pid_t pid = request(*g_server, index_fd, data_fd, error);
     if (pid > 0) return pid;
-    if (error != 0) {
-      throw Error(detail::str("the forkserver (pid ", g_server->process.pid(),
-                              ") could not fork a DataLoader worker: ", std::strerror(error)));
+    const pid_t server = g_server->process.pid();
+    if (pid == 0) {
+      throw Error(detail::str(
+          "the forkserver (pid ", server, ") could not fork a DataLoader worker: ",
+          error == ENOTSUP ? "it is not single-threaded (code before ferry::init started a "
+                             "thread); call ferry::init first thing in main"
+                           : std::strerror(error)));
     }
-    // The server died or hung: reap it and start a fresh one, once.
-    unregister_parent_only_fd(g_server->control.fd());
+    // The server died or hung: reap it. Ask a fresh one only if this one never took the
+    // request; otherwise it may have started a worker on these channel ends.
+    close_parent_only_fd(g_server->control.release());
     (void)g_server->process.terminate(std::chrono::milliseconds(0));
     delete g_server;
     g_server = nullptr;
+    if (pid == -2) {
+      throw Error(detail::str("the forkserver (pid ", server,
+                              ") took a request for a DataLoader worker and did not answer "
+                              "within 5 s; it was killed. Retry, or use start_method=spawn"));
+    }
   }
   throw Error(
-      "the forkserver did not answer twice; DataLoader workers cannot start (use "
+      "the forkserver was gone twice in a row; DataLoader workers cannot start (use "
       "start_method=spawn or fork)");
 }
 

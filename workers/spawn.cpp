@@ -49,16 +49,6 @@ void follow_parent(pid_t parent) {
   if (parent > 0 && ::getppid() != parent) ::_exit(0);
 }
 
-std::string current_message() {
-  try {
-    throw;
-  } catch (const std::exception& e) {
-    return e.what();
-  } catch (...) {
-    return "(an exception not derived from std::exception)";
-  }
-}
-
 }  // namespace
 
 void ignore_sigint() {
@@ -100,12 +90,12 @@ std::optional<std::string> find_ferry_worker(std::vector<std::string>& tried) {
   return std::nullopt;
 }
 
-pid_t spawn_worker(const std::string& program, ipc::UniqueFd index, ipc::UniqueFd data) {
+pid_t spawn_worker(const std::string& program, int index_fd, int data_fd) {
   return start_on_forker_thread([&]() -> pid_t {
     // The worker's ends go to the two lowest numbers from 3 that are neither end, so the
     // first dup2 cannot overwrite the second end.
-    const int a = index.get();
-    const int b = data.get();
+    const int a = index_fd;
+    const int b = data_fd;
     int ta = 3;
     while (ta == a || ta == b) ++ta;
     int tb = ta + 1;
@@ -123,24 +113,60 @@ pid_t spawn_worker(const std::string& program, ipc::UniqueFd index, ipc::UniqueF
     ::posix_spawnattr_setsigmask(&attr, &mask);
     ::posix_spawnattr_setsigdefault(&attr, &all);  // no ignored SIGPIPE or SIGINT inherited
     ::posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+    const std::string argv0 = program.empty() ? self_program() : program;
     const std::string sa = std::to_string(ta);
     const std::string sb = std::to_string(tb);
     const std::string parent = std::to_string(::getpid());
-    char* argv[] = {const_cast<char*>(program.c_str()), const_cast<char*>(kSpawnedWorkerFlag),
-                    const_cast<char*>(sa.c_str()),      const_cast<char*>(sb.c_str()),
-                    const_cast<char*>(parent.c_str()),  nullptr};
+    char* argv[] = {const_cast<char*>(argv0.c_str()),  const_cast<char*>(kSpawnedWorkerFlag),
+                    const_cast<char*>(sa.c_str()),     const_cast<char*>(sb.c_str()),
+                    const_cast<char*>(parent.c_str()), nullptr};
     pid_t pid = -1;
-    const int rc = ::posix_spawn(&pid, program.c_str(), &actions, &attr, argv, environ);
+    // This process's own program is run as /proc/self/exe: the same file, even if its path
+    // was replaced or deleted since the program started.
+    const char* path = program.empty() ? "/proc/self/exe" : program.c_str();
+    const int rc = ::posix_spawn(&pid, path, &actions, &attr, argv, environ);
     ::posix_spawn_file_actions_destroy(&actions);
     ::posix_spawnattr_destroy(&attr);
     if (rc != 0) {
       throw Error(detail::str(
-          "could not start a DataLoader worker: posix_spawn(", program,
+          "could not start a DataLoader worker: posix_spawn(", argv0,
           ") failed: ", std::strerror(rc),
           rc == ENOENT || rc == EACCES ? "; check that the program exists and is executable" : ""));
     }
     return pid;
   });
+}
+
+ipc::SetupMessage setup_message(const WorkerSpec& spec,
+                                std::string dataset_config,
+                                std::string collate_config) {
+  ipc::SetupMessage setup;
+  setup.worker_id = spec.worker_id;
+  setup.num_workers = spec.num_workers;
+  setup.base_seed = spec.base_seed;
+  setup.batch_size = spec.batch_size;
+  setup.drop_last = spec.drop_last;
+  setup.keep_free_segments = spec.keep_free_segments;
+  setup.spin = spec.spin;
+  setup.sample_timeout_ms = static_cast<std::uint64_t>(spec.sample_timeout.count());
+  setup.parent_pid = spec.parent_pid;
+  setup.dataset_config = std::move(dataset_config);
+  setup.collate_config = std::move(collate_config);
+  return setup;
+}
+
+WorkerSpec worker_spec(const ipc::SetupMessage& setup) {
+  WorkerSpec spec;
+  spec.worker_id = setup.worker_id;
+  spec.num_workers = setup.num_workers;
+  spec.base_seed = setup.base_seed;
+  spec.batch_size = setup.batch_size;
+  spec.drop_last = setup.drop_last;
+  spec.keep_free_segments = setup.keep_free_segments;
+  spec.spin = setup.spin;
+  spec.sample_timeout = std::chrono::milliseconds(setup.sample_timeout_ms);
+  spec.parent_pid = static_cast<pid_t>(setup.parent_pid);
+  return spec;
 }
 
 void serve_setup(const Registry& registry, ipc::Channel index, ipc::Channel data) {
@@ -154,19 +180,10 @@ void serve_setup(const Registry& registry, ipc::Channel index, ipc::Channel data
     if (s == nullptr) die("a spawned DataLoader worker expected its setup message first");
     setup = std::move(*s);
   } catch (...) {
-    die("a spawned DataLoader worker could not read its setup: " + current_message());
+    die("a spawned DataLoader worker could not read its setup: " + current_exception_message());
   }
 
-  WorkerSpec spec;
-  spec.worker_id = setup.worker_id;
-  spec.num_workers = setup.num_workers;
-  spec.base_seed = setup.base_seed;
-  spec.batch_size = setup.batch_size;
-  spec.drop_last = setup.drop_last;
-  spec.keep_free_segments = setup.keep_free_segments;
-  spec.spin = setup.spin;
-  spec.sample_timeout = std::chrono::milliseconds(setup.sample_timeout_ms);
-  spec.parent_pid = static_cast<pid_t>(setup.parent_pid);
+  WorkerSpec spec = worker_spec(setup);
   prepare_worker_process(spec);
 
   ipc::WorkerReadyMessage ready;
@@ -191,7 +208,7 @@ void serve_setup(const Registry& registry, ipc::Channel index, ipc::Channel data
   } catch (...) {
     ipc::WorkerErrorMessage error;
     error.type_name = current_exception_type_name();
-    error.message = std::string(stage) + " failed: " + current_message();
+    error.message = std::string(stage) + " failed: " + current_exception_message();
     (void)data.send(ipc::encode(ipc::DataMessage(std::move(error))), {},
                     ipc::Clock::now() + std::chrono::seconds(5));
     std::fflush(stderr);

@@ -15,7 +15,9 @@
 #include "ferry/registry.h"
 
 #include "ipc/channel.h"
+#include "ipc/protocol.h"
 #include "ipc/unique_fd.h"
+#include "workers/worker_loop.h"
 
 namespace ferry::workers {
 
@@ -25,24 +27,32 @@ inline constexpr const char* kForkserverFlag = "--ferry-forkserver";
 // True once ferry::init ran in this process (not in a worker: there it never returns).
 bool init_called() noexcept;
 
-// This program, as /proc/self/exe names it.
+// This program, as /proc/self/exe names it (for messages and argv[0]; spawn itself runs
+// "/proc/self/exe", the very file this process runs even if the path was replaced since).
 std::string self_program();
 
 // The ferry-worker program: $FERRY_WORKER_PROGRAM, else next to this program, else in the
 // build tree, else in the install prefix. nullopt if none exists; `tried` lists the paths.
 std::optional<std::string> find_ferry_worker(std::vector<std::string>& tried);
 
-// Starts `program` as a worker with the worker's channel ends, from the forker thread. Returns
-// its pid. Throws ferry::Error naming the program when it cannot be started.
-pid_t spawn_worker(const std::string& program, ipc::UniqueFd index, ipc::UniqueFd data);
+// Starts `program` (empty: this program) as a worker with the worker's channel ends, from the
+// forker thread. Returns its pid. Throws ferry::Error naming the program when it cannot be started.
+pid_t spawn_worker(const std::string& program, int index_fd, int data_fd);
 
 // Asks this process's forkserver for a worker with these channel ends; the worker is a child
 // of this process. Starts a forkserver first when this process has none (a forked copy of the
 // process that called ferry::init spawns its own). Throws ferry::Error.
-pid_t forkserver_worker(ipc::UniqueFd index, ipc::UniqueFd data);
+pid_t forkserver_worker(int index_fd, int data_fd);
 
 // The forkserver's pid in this process, or -1 (tests exclude it when counting children).
 pid_t forkserver_pid() noexcept;
+
+// The SetupMessage that carries `spec`'s settings and the two configurations to a fresh worker,
+// and the WorkerSpec (settings only; no dataset yet) a worker makes of it.
+ipc::SetupMessage setup_message(const WorkerSpec& spec,
+                                std::string dataset_config,
+                                std::string collate_config);
+WorkerSpec worker_spec(const ipc::SetupMessage& setup);
 
 // In a spawned or forkserver worker: reads the SetupMessage, rebuilds the dataset (and
 // collate) from `registry`, answers WorkerReadyMessage, and runs the worker loop. A failure

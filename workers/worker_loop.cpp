@@ -194,7 +194,7 @@ class Worker {
       error.sequence = task.sequence;
       error.index = failing_index;
       error.type_name = current_exception_type_name();
-      error.message = current_message();
+      error.message = current_exception_message();
       send(ipc::DataMessage(std::move(error)));
     }
   }
@@ -294,22 +294,12 @@ class Worker {
     ipc::WorkerErrorMessage error;
     error.epoch = epoch;
     error.type_name = current_exception_type_name();
-    error.message = context + current_message();
+    error.message = context + current_exception_message();
     try {
       send(ipc::DataMessage(std::move(error)));
     } catch (...) {
     }
     exit_now(1);
-  }
-
-  static std::string current_message() {
-    try {
-      throw;
-    } catch (const std::exception& e) {
-      return e.what();
-    } catch (...) {
-      return "(an exception not derived from std::exception)";
-    }
   }
 
   [[noreturn]] static void exit_now(int code) {
@@ -328,6 +318,16 @@ class Worker {
 };
 
 }  // namespace
+
+std::string current_exception_message() {
+  try {
+    throw;
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "(an exception not derived from std::exception)";
+  }
+}
 
 std::string current_exception_type_name() {
   const std::type_info* type = abi::__cxa_current_exception_type();

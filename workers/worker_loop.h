@@ -49,5 +49,7 @@ inline constexpr int kSampleTimeoutExitCode = 124;
 
 // The C++ type of the exception being handled, demangled ("std::runtime_error").
 std::string current_exception_type_name();
+// The what() of the exception being handled (a placeholder for one not from std::exception).
+std::string current_exception_message();
 
 }  // namespace ferry::workers

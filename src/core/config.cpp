@@ -104,6 +104,12 @@ class TextParser {
  private:
   Config value() {
     if (pos_ >= s_.size()) error("unexpected end");
+    struct Depth {
+      std::size_t& d;
+      explicit Depth(std::size_t& depth) : d(++depth) {}
+      ~Depth() { --d; }
+    } depth(depth_);
+    if (depth_ > kMaxDepth) error("nested deeper than 256 levels");
     const char c = s_[pos_];
     if (c == '"') return Config(string());
     if (s_.substr(pos_, 4) == "null") {
@@ -186,8 +192,10 @@ class TextParser {
     throw ConfigError(detail::str("malformed configuration text at offset ", pos_, ": ", what));
   }
 
+  static constexpr std::size_t kMaxDepth = 256;
   std::string_view s_;
   std::size_t pos_ = 0;
+  std::size_t depth_ = 0;
 };
 
 }  // namespace

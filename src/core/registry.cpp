@@ -282,6 +282,21 @@ void Registry::add(ComponentKind kind, Entry entry) {
         "Registry: ", to_string(kind), " '", entry.info.name, "' declares the reserved key '",
         key.name, "'");
   }
+  for (const auto& key : entry.info.keys) {
+    if (key.default_value.is_null() || key.type == ValueType::kAny) continue;
+    std::string expected;
+    if (is_list_type(key.type)) {
+      if (!key.default_value.is_list()) expected = std::string(to_string(key.type));
+      for (const Config& item :
+           key.default_value.size() ? key.default_value.items() : std::vector<Config>{}) {
+        if (expected.empty()) expected = check_scalar(key, element_of(key.type), item);
+      }
+    } else {
+      expected = check_scalar(key, key.type, key.default_value);
+    }
+    FERRY_CHECK(expected.empty(), "Registry: ", to_string(kind), " '", entry.info.name,
+                "': the default of key '", key.name, "' is not ", expected);
+  }
   auto& table = entries_[kind];
   FERRY_CHECK(table.find(entry.info.name) == table.end(), "Registry: a ", to_string(kind),
               " type named '", entry.info.name, "' is already registered; pick another name");
@@ -476,7 +491,15 @@ AnyDataset Registry::make_any_dataset(const Config& node, std::string_view path)
   }
   if (!transforms.empty()) resolved.set("transforms", std::move(resolved_transforms));
   ComponentSpec spec{resolved, resolved.hash(), builtin};
-  std::visit([&](auto& d) { d->set_spec(std::move(spec)); }, out);
+  std::visit(
+      [&](auto& d) {
+        // A factory that hands out one shared object would have its spec overwritten by the
+        // next configuration, and a spawned worker would rebuild the wrong dataset.
+        FERRY_CHECK(d->spec() == nullptr, path, ": the factory of dataset '", e.info.name,
+                    "' returned an object the registry already built; return a new object");
+        d->set_spec(std::move(spec));
+      },
+      out);
   return out;
 }
 

@@ -4,6 +4,8 @@
 
 #include <atomic>
 
+#include "ferry/error.h"
+
 namespace ferry::detail {
 
 namespace {
@@ -43,6 +45,15 @@ bool cuda_initialized() noexcept {
   }
   ::dlclose(driver);
   return initialised;
+}
+
+void check_fork_is_safe() {
+  FERRY_CHECK(!cuda_initialized(),
+              "start_method=fork, but this process has initialised CUDA: a forked worker cannot "
+              "use it, and forking a CUDA process can hang or crash (pytorch#40403). Use "
+              "start_method=spawn or forkserver (with ferry::init(argc, argv) first thing in "
+              "main); or, with fork, persistent_workers=true and iterate once before CUDA "
+              "starts (workers are forked at the first begin())");
 }
 
 }  // namespace ferry::detail

@@ -8,6 +8,10 @@ namespace ferry::detail {
 // by asking. A process in that state must not fork workers (RELIABILITY row 22).
 bool cuda_initialized() noexcept;
 
+// Throws ConfigError (recommending spawn or forkserver) if CUDA is initialised: run before
+// forking workers, at construction and at each epoch that forks.
+void check_fork_is_safe();
+
 namespace fault {
 // Tests of the CPU part of row 22: pretend CUDA is (or is not) initialised.
 void pretend_cuda_initialized(bool on) noexcept;

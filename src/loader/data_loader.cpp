@@ -149,11 +149,7 @@ void prepare_workers(LoaderState& s) {
   const StartMethod method = *o.start_method;
   const std::string name(to_string(method));
   if (method == StartMethod::kFork) {
-    FERRY_CHECK(!detail::cuda_initialized(),
-                "start_method=fork, but this process has initialised CUDA: a forked worker "
-                "cannot use it, and forking a CUDA process can hang or crash (pytorch#40403). "
-                "Use start_method=spawn or forkserver (with ferry::init(argc, argv) first thing "
-                "in main), or create the loader's workers before CUDA starts");
+    detail::check_fork_is_safe();
     return;
   }
   const ComponentSpec* spec = s.dataset ? s.dataset->spec() : s.iterable->spec();
@@ -187,10 +183,7 @@ void prepare_workers(LoaderState& s) {
                 "starts. Add the call, or use start_method=fork");
     return;
   }
-  if (workers::init_called()) {
-    s.worker_program = workers::self_program();
-    return;
-  }
+  if (workers::init_called()) return;  // worker_program empty: this program
   FERRY_CHECK(builtin,
               "start_method=spawn needs ferry::init(argc, argv) called first thing in "
               "main (after registering your types): a spawned worker is a fresh copy of this "

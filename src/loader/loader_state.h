@@ -36,7 +36,7 @@ struct LoaderState {
   std::uint64_t dataset_hash = 0;
   std::string collate_config;
   std::uint64_t collate_hash = 0;
-  std::string worker_program;
+  std::string worker_program;  // empty: this program (it called ferry::init)
   std::uint64_t next_epoch = 0;
   bool pin = false;  // pin_memory requested and possible
   // num_workers = 0: batch buffers, reused once the training loop lets go of a batch.

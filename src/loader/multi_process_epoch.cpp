@@ -11,6 +11,7 @@
 #include "ferry/error.h"
 
 #include "ipc/protocol.h"
+#include "loader/cuda_state.h"
 #include "workers/worker_loop.h"
 
 namespace ferry::detail {
@@ -82,6 +83,8 @@ MultiProcessEpoch::MultiProcessEpoch(std::shared_ptr<LoaderState> state, std::ui
 
 void MultiProcessEpoch::start_workers() {
   pool_->owner_token = token_;
+  // CUDA may have started since construction (a model moved to the GPU, pinned batches).
+  if (*state_->options.start_method == StartMethod::kFork) check_fork_is_safe();
   try {
     while (!pool_->all_started()) {
       pool_->start_worker();
@@ -136,12 +139,51 @@ std::optional<Batch> MultiProcessEpoch::next_locked() {
     // batch taking too long: the timeout counts from its handshake, and start-up gets its own,
     // generous bound.
     const std::size_t ready_before = ready_workers();
-    std::optional<ipc::Clock::time_point> wait_until = deadline;
-    if (deadline && ready_before < pool_->workers.size()) {
-      wait_until = std::max(*deadline, pool_->started + WorkerPool::kStartupLimit);
+    std::optional<ipc::Clock::time_point> startup;
+    if (ready_before < pool_->workers.size()) {
+      startup = pool_->started + WorkerPool::startup_limit();
     }
-    wait_and_receive(wait_until);
-    if (deadline && ready_workers() > ready_before) deadline = ipc::Clock::now() + timeout;
+    std::optional<ipc::Clock::time_point> wait_until = deadline;
+    if (startup && (!wait_until || *startup < *wait_until)) wait_until = startup;
+    const bool expired = wait_and_receive(wait_until);
+    const auto now = ipc::Clock::now();
+    if (expired && startup && now >= *startup) startup_timed_out();
+    if (expired && deadline && now >= *deadline) {
+      const WorkerSlot* culprit = waited_on().first;
+      if (culprit == nullptr || culprit->ready) timed_out(timeout);
+      deadline = now + timeout;  // the worker it waits for is still starting
+    }
+    if (deadline && ready_workers() > ready_before) deadline = now + timeout;
+  }
+}
+
+std::pair<WorkerSlot*, const TaskRecord*> MultiProcessEpoch::waited_on() {
+  // The task the loop waits for (in order: the next sequence), else this epoch's oldest task.
+  for (auto& w : pool_->workers) {
+    if (w.dead) continue;
+    for (const auto& task : w.in_flight) {
+      if (task.token != token_) continue;
+      if (!state_->options.in_order || task.sequence == next_delivery_) return {&w, &task};
+    }
+  }
+  return {nullptr, nullptr};
+}
+
+void MultiProcessEpoch::startup_timed_out() {
+  for (auto& w : pool_->workers) {
+    if (w.ready || w.dead) continue;
+    pool_->broken = true;
+    WorkerFailure failure = failure_of(w);
+    const std::string what = detail::str(
+        "DataLoader worker ", w.id, " (pid ", w.process.pid(),
+        ", start_method=", to_string(*state_->options.start_method),
+        ") did not finish starting within ",
+        static_cast<double>(WorkerPool::startup_limit().count()) / 1000.0,
+        " s (the program up to ferry::init, then rebuilding the dataset) and was killed; look "
+        "for what blocks there (a lock, a network wait) in the worker's stack");
+    w.process.terminate(std::chrono::milliseconds(0));
+    w.dead = true;
+    fail(std::make_exception_ptr(TimeoutError(what, std::move(failure))));
   }
 }
 
@@ -249,7 +291,7 @@ bool MultiProcessEpoch::send_task(WorkerSlot& w,
   return false;
 }
 
-void MultiProcessEpoch::wait_and_receive(std::optional<ipc::Clock::time_point> deadline) {
+bool MultiProcessEpoch::wait_and_receive(std::optional<ipc::Clock::time_point> deadline) {
   auto& workers = pool_->workers;
   std::vector<pollfd>& fds = pollfds_;  // reused: this runs once per batch waited for
   fds.clear();
@@ -273,12 +315,10 @@ void MultiProcessEpoch::wait_and_receive(std::optional<ipc::Clock::time_point> d
   }
   const int n = ::poll(fds.data(), fds.size(), timeout_ms);
   if (n < 0) {
-    if (errno == EINTR) return;
+    if (errno == EINTR) return false;
     throw std::system_error(errno, std::generic_category(), "poll on the DataLoader's workers");
   }
-  if (n == 0) {
-    timed_out(state_->options.timeout);
-  }
+  if (n == 0) return true;
   if (fds[0].revents != 0 && state_->closed) {
     throw LoaderClosed("DataLoader: the loader was closed while next() waited for a batch");
   }
@@ -296,6 +336,7 @@ void MultiProcessEpoch::wait_and_receive(std::optional<ipc::Clock::time_point> d
       worker_died(w);
     }
   }
+  return false;
 }
 
 void MultiProcessEpoch::receive_from(WorkerSlot& w) {
@@ -511,21 +552,7 @@ void MultiProcessEpoch::worker_died(WorkerSlot& w) {
 }
 
 void MultiProcessEpoch::timed_out(std::chrono::milliseconds waited) {
-  // The task the loop waits for (in order: the next sequence), else this epoch's oldest task.
-  WorkerSlot* culprit = nullptr;
-  const TaskRecord* held = nullptr;
-  for (auto& w : pool_->workers) {
-    if (w.dead) continue;
-    for (const auto& task : w.in_flight) {
-      if (task.token != token_) continue;
-      if (!state_->options.in_order || task.sequence == next_delivery_) {
-        culprit = &w;
-        held = &task;
-        break;
-      }
-    }
-    if (culprit != nullptr) break;
-  }
+  auto [culprit, held] = waited_on();
   pool_->broken = true;
   WorkerFailure failure;
   std::string what = detail::str("DataLoader timed out: no batch within ",
@@ -542,7 +569,8 @@ void MultiProcessEpoch::timed_out(std::chrono::milliseconds waited) {
     if (!culprit->ready) {
       what += detail::str(
           " (it had not finished starting: start_method=", to_string(*state_->options.start_method),
-          " gives a worker ", WorkerPool::kStartupLimit.count(), " s to start)");
+          " gives a worker ", static_cast<double>(WorkerPool::startup_limit().count()) / 1000.0,
+          " s to start)");
     }
     culprit->process.terminate(std::chrono::milliseconds(0));
     culprit->dead = true;

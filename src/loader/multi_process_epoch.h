@@ -47,7 +47,11 @@ class MultiProcessEpoch final : public EpochIterator {
   void dispatch_map();
   void dispatch_iterable();
   bool send_task(WorkerSlot& w, std::uint64_t sequence, std::vector<std::int64_t> indices);
-  void wait_and_receive(std::optional<ipc::Clock::time_point> deadline);
+  // Waits for messages until `deadline`; true if it passed with none.
+  bool wait_and_receive(std::optional<ipc::Clock::time_point> deadline);
+  // The worker and task the loop waits for (in order: the next batch), or nulls.
+  std::pair<WorkerSlot*, const TaskRecord*> waited_on();
+  [[noreturn]] void startup_timed_out();
   void receive_from(WorkerSlot& w);
   void handle_message(WorkerSlot& w,
                       std::vector<std::byte>& bytes,

@@ -3,6 +3,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <system_error>
 #include <thread>
@@ -92,12 +93,20 @@ void WorkerPool::start_worker() {
     workers::unregister_parent_only_fd(main_data.fd());
     throw;
   }
+  add_slot(spec.worker_id, std::move(main_index), std::move(main_data), pid);
+}
+
+WorkerSlot& WorkerPool::add_slot(std::size_t id,
+                                 ipc::Channel main_index,
+                                 ipc::Channel main_data,
+                                 pid_t pid) {
   WorkerSlot slot;
-  slot.id = spec.worker_id;
+  slot.id = id;
   slot.index = std::move(main_index);
   slot.data = std::move(main_data);
   slot.process = ipc::ChildProcess(pid);
   workers.push_back(std::move(slot));
+  return workers.back();
 }
 
 void WorkerPool::start_fresh_worker(const workers::WorkerSpec& spec,
@@ -105,44 +114,43 @@ void WorkerPool::start_fresh_worker(const workers::WorkerSpec& spec,
                                     ipc::Channel main_data,
                                     ipc::Channel worker_index,
                                     ipc::Channel worker_data) {
-  // The worker's ends leave this process right away: unregister them before they close here.
-  workers::unregister_parent_only_fd(worker_index.fd());
-  workers::unregister_parent_only_fd(worker_data.fd());
+  // The worker's ends stay registered (a fork for another loader must not keep them) until
+  // they are closed here, once the new process has its copies.
   const DataLoaderOptions& o = state_.options;
   pid_t pid = -1;
   try {
     pid = *o.start_method == StartMethod::kSpawn
-              ? workers::spawn_worker(state_.worker_program, worker_index.release(),
-                                      worker_data.release())
-              : workers::forkserver_worker(worker_index.release(), worker_data.release());
+              ? workers::spawn_worker(state_.worker_program, worker_index.fd(), worker_data.fd())
+              : workers::forkserver_worker(worker_index.fd(), worker_data.fd());
   } catch (...) {
+    workers::close_parent_only_fd(worker_index.release());
+    workers::close_parent_only_fd(worker_data.release());
     workers::unregister_parent_only_fd(main_index.fd());
     workers::unregister_parent_only_fd(main_data.fd());
     throw;
   }
-  WorkerSlot slot;
-  slot.id = spec.worker_id;
-  slot.index = std::move(main_index);
-  slot.data = std::move(main_data);
-  slot.process = ipc::ChildProcess(pid);
+  workers::close_parent_only_fd(worker_index.release());
+  workers::close_parent_only_fd(worker_data.release());
+  WorkerSlot& slot = add_slot(spec.worker_id, std::move(main_index), std::move(main_data), pid);
   slot.ready = false;
-  ipc::SetupMessage setup;
-  setup.worker_id = spec.worker_id;
-  setup.num_workers = spec.num_workers;
-  setup.base_seed = spec.base_seed;
-  setup.batch_size = spec.batch_size;
-  setup.drop_last = spec.drop_last;
-  setup.keep_free_segments = spec.keep_free_segments;
-  setup.spin = spec.spin;
-  setup.sample_timeout_ms = static_cast<std::uint64_t>(spec.sample_timeout.count());
-  setup.parent_pid = spec.parent_pid;
-  setup.dataset_config = state_.dataset_config;
-  setup.collate_config = state_.collate_config;
+  ipc::SetupMessage setup =
+      workers::setup_message(spec, state_.dataset_config, state_.collate_config);
   // Queued in the socket: the worker reads it once it has started. If it died already, the
   // death is reported by the epoch's wait, with the "before its handshake" note.
   (void)slot.index.send(ipc::encode(ipc::IndexMessage(std::move(setup))), {},
                         ipc::Clock::now() + std::chrono::seconds(5));
-  workers.push_back(std::move(slot));
+}
+
+namespace {
+std::atomic<std::int64_t> g_startup_limit_ms{60'000};
+}  // namespace
+
+std::chrono::milliseconds WorkerPool::startup_limit() noexcept {
+  return std::chrono::milliseconds(g_startup_limit_ms.load());
+}
+
+void fault::set_startup_limit(std::chrono::milliseconds limit) noexcept {
+  g_startup_limit_ms = limit.count();
 }
 
 void WorkerPool::shutdown() noexcept {
@@ -183,8 +191,11 @@ void WorkerPool::finish_stop(std::chrono::steady_clock::time_point deadline) noe
     if (!was_dead && w.process.killed_by_terminate()) {
       std::fprintf(stderr,
                    "ferry: DataLoader worker %zu (pid %d) did not stop when asked and was killed "
-                   "(stuck in Dataset::get?)\n",
-                   w.id, static_cast<int>(w.process.pid()));
+                   "(%s)\n",
+                   w.id, static_cast<int>(w.process.pid()),
+                   w.ready ? "stuck in Dataset::get?"
+                           : "stuck while starting: in the program before ferry::init, or in the "
+                             "dataset's factory?");
     }
     if (w.data.valid()) {
       workers::unregister_parent_only_fd(w.data.fd());

@@ -47,6 +47,11 @@ struct WorkerSlot {
   bool exhausted = false;
 };
 
+namespace fault {
+// Tests: how long a spawn or forkserver worker may take to start (default 60 s).
+void set_startup_limit(std::chrono::milliseconds limit) noexcept;
+}  // namespace fault
+
 // The worker processes of one loader (for one epoch, or for all with persistent_workers).
 class WorkerPool {
  public:
@@ -79,10 +84,11 @@ class WorkerPool {
   static constexpr std::chrono::milliseconds kShutdownGrace{1000};
   // How long a spawn or forkserver worker may take to start (start a program, rebuild the
   // dataset) before a loader with a `timeout` gives up on it.
-  static constexpr std::chrono::seconds kStartupLimit{60};
+  static std::chrono::milliseconds startup_limit() noexcept;  // 60 s
   const std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
 
  private:
+  WorkerSlot& add_slot(std::size_t id, ipc::Channel main_index, ipc::Channel main_data, pid_t pid);
   // spawn and forkserver: start the process, then queue its SetupMessage.
   void start_fresh_worker(const workers::WorkerSpec& spec,
                           ipc::Channel main_index,

@@ -25,6 +25,7 @@
 #include "ferry/registry.h"
 
 #include "ipc/shared_memory.h"
+#include "support/child_test.h"
 #include "support/datasets.h"
 #include "support/ledger.h"
 #include "support/process_harness.h"
@@ -40,28 +41,7 @@ using testing::FaultyDataset;
 using testing::LedgerDataset;
 using testing::RangeDataset;
 
-#define REQUIRE(cond, ...)                                                                       \
-  do {                                                                                           \
-    if (!(cond)) {                                                                               \
-      std::fprintf(stderr, "REQUIRE(%s) failed at line %d: ", #cond, __LINE__);                  \
-      std::fprintf(stderr, "%s\n", ::ferry::detail::str("" __VA_OPT__(, ) __VA_ARGS__).c_str()); \
-      return 1;                                                                                  \
-    }                                                                                            \
-  } while (false)
-
-// Runs `body` in a child with a generous deadline and expects it to exit 0. Unless the test
-// leaves workers stuck on purpose, every worker must also have stopped when asked (exit 0).
-void in_child(const std::function<int()>& body,
-              std::chrono::milliseconds deadline = 60s,
-              bool workers_may_be_killed = false) {
-  const auto r = testing::run_in_child(body, deadline);
-  EXPECT_FALSE(r.timed_out) << "hung; output:\n" << r.output;
-  EXPECT_EQ(r.signal, 0) << "killed by signal " << r.signal << "; output:\n" << r.output;
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  if (!workers_may_be_killed) {
-    EXPECT_THAT(r.output, ::testing::Not(::testing::HasSubstr("did not stop when asked")));
-  }
-}
+using testing::in_child;
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();

@@ -83,7 +83,13 @@ TEST(SpawnWithoutInit, AMissingFerryWorkerIsNamed) {
 }
 
 TEST(SpawnWithoutInit, AWorkerProgramThatExitsBeforeItsHandshakeIsNamed) {
-  const std::string path = ::testing::TempDir() + "/not-a-ferry-worker.sh";
+  // Next to this test program: the build tree is writable and, unlike /tmp, never noexec.
+  char self[4096] = {};
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+  ASSERT_GT(n, 0);
+  std::string dir(self, static_cast<std::size_t>(n));
+  dir.resize(dir.rfind('/'));
+  const std::string path = dir + "/not-a-ferry-worker.sh";
   {
     std::ofstream script(path);
     script << "#!/bin/sh\necho 'not a worker' >&2\nexit 3\n";

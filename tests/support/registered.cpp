@@ -112,19 +112,23 @@ void register_test_types(Registry& r) {
         return std::make_shared<FaultyDataset>(a.get<std::size_t>("n"), a.get<std::size_t>("bad"),
                                                fault);
       });
-  // Its factory takes `delay_ms` to build, in every process: start-up cost made visible.
-  // `crash_in_worker` makes the factory crash when it runs in a worker (not in the test).
+  // Its factory takes `delay_ms` to build in every process, plus `worker_delay_ms` in a worker
+  // (not in the process whose pid is `main_pid`); `crash_in_worker` makes it crash there.
   r.add_dataset(
       {.name = "test.slow_start",
        .keys = {n,
                 {.name = "delay_ms", .type = ValueType::kInt, .default_value = 0},
+                {.name = "worker_delay_ms", .type = ValueType::kInt, .default_value = 0},
                 {.name = "crash_in_worker", .type = ValueType::kBool, .default_value = false},
                 {.name = "main_pid", .type = ValueType::kInt, .default_value = 0}}},
       [](const Args& a) {
+        const bool in_worker = ::getpid() != a.get<std::int64_t>("main_pid");
         std::this_thread::sleep_for(std::chrono::milliseconds(a.get<std::int64_t>("delay_ms")));
-        if (a.get<bool>("crash_in_worker") && ::getpid() != a.get<std::int64_t>("main_pid")) {
-          std::raise(SIGSEGV);
+        if (in_worker) {
+          std::this_thread::sleep_for(
+              std::chrono::milliseconds(a.get<std::int64_t>("worker_delay_ms")));
         }
+        if (a.get<bool>("crash_in_worker") && in_worker) std::raise(SIGSEGV);
         return std::make_shared<RangeDataset>(a.get<std::size_t>("n"));
       });
   // Opens `root`: a missing folder is the factory's error, as an image folder's would be.
