@@ -18,48 +18,17 @@
 
 #include "ipc/protocol.h"
 #include "workers/forker.h"
-#include "workers/forkserver.h"
 #include "workers/worker_loop.h"
 
 extern char** environ;
 
 namespace ferry::workers {
 
-namespace {
-
-std::atomic<bool> g_init_called{false};
-
-int parse_fd(const char* s) {
-  int v = -1;
-  const std::string_view text(s);
-  const auto r = std::from_chars(text.data(), text.data() + text.size(), v);
-  return (r.ec == std::errc() && r.ptr == text.data() + text.size()) ? v : -1;
-}
-
-[[noreturn]] void die(const std::string& message) {
+void exit_with_message(const std::string& message) {
   std::fprintf(stderr, "ferry: %s\n", message.c_str());
   std::fflush(stderr);
   ::_exit(1);
 }
-
-// Parent-death signal before anything else, and the race closed: a worker never outlives the
-// process that started it.
-void follow_parent(pid_t parent) {
-  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (parent > 0 && ::getppid() != parent) ::_exit(0);
-}
-
-}  // namespace
-
-void ignore_sigint() {
-  ::signal(SIGINT, SIG_IGN);
-  sigset_t mask;
-  sigemptyset(&mask);
-  sigaddset(&mask, SIGINT);
-  ::sigprocmask(SIG_UNBLOCK, &mask, nullptr);  // a Ctrl-C that came meanwhile is dropped
-}
-
-bool init_called() noexcept { return g_init_called.load(); }
 
 std::string self_program() {
   std::error_code ec;
@@ -177,10 +146,12 @@ void serve_setup(const Registry& registry, ipc::Channel index, ipc::Channel data
     if (!index.receive(bytes, fds)) ::_exit(0);  // the loader went away before we started
     auto message = ipc::decode_index(bytes);
     auto* s = std::get_if<ipc::SetupMessage>(&message);
-    if (s == nullptr) die("a spawned DataLoader worker expected its setup message first");
+    if (s == nullptr)
+      exit_with_message("a spawned DataLoader worker expected its setup message first");
     setup = std::move(*s);
   } catch (...) {
-    die("a spawned DataLoader worker could not read its setup: " + current_exception_message());
+    exit_with_message("a spawned DataLoader worker could not read its setup: " +
+                      current_exception_message());
   }
 
   WorkerSpec spec = worker_spec(setup);
@@ -220,33 +191,4 @@ void serve_setup(const Registry& registry, ipc::Channel index, ipc::Channel data
   run_worker(spec, std::move(index), std::move(data));
 }
 
-void init_process(int argc, char** argv, bool start_forkserver) {
-  if (argc >= 5 && std::strcmp(argv[1], kSpawnedWorkerFlag) == 0) {
-    const int index_fd = parse_fd(argv[2]);
-    const int data_fd = parse_fd(argv[3]);
-    ignore_sigint();
-    if (index_fd < 0 || data_fd < 0) die("bad arguments for a spawned DataLoader worker");
-    follow_parent(static_cast<pid_t>(std::atoll(argv[4])));
-    serve_setup(Registry::global(), ipc::Channel(ipc::UniqueFd(index_fd)),
-                ipc::Channel(ipc::UniqueFd(data_fd)));
-  }
-  if (argc >= 4 && std::strcmp(argv[1], kForkserverFlag) == 0) {
-    const int control_fd = parse_fd(argv[2]);
-    ignore_sigint();
-    if (control_fd < 0) die("bad arguments for a ferry forkserver");
-    const auto parent = static_cast<pid_t>(std::atoll(argv[3]));
-    follow_parent(parent);
-    run_forkserver(ipc::Channel(ipc::UniqueFd(control_fd)), parent);
-  }
-  g_init_called = true;
-  if (start_forkserver) start_forkserver_now();
-}
-
 }  // namespace ferry::workers
-
-namespace ferry::detail {
-void init_process(int argc, char** argv, bool start_forkserver) {
-  workers::init_process(argc, argv, start_forkserver);
-}
-bool init_called() noexcept { return workers::init_called(); }
-}  // namespace ferry::detail

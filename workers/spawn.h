@@ -24,6 +24,9 @@ namespace ferry::workers {
 inline constexpr const char* kSpawnedWorkerFlag = "--ferry-spawned-worker";
 inline constexpr const char* kForkserverFlag = "--ferry-forkserver";
 
+// Prints "ferry: MESSAGE" on stderr and exits 1 (a worker that cannot start).
+[[noreturn]] void exit_with_message(const std::string& message);
+
 // True once ferry::init ran in this process (not in a worker: there it never returns).
 bool init_called() noexcept;
 
