@@ -1,8 +1,10 @@
 // A training loop over a synthetic dataset: a softmax classifier learns to tell apart Gaussian
-// blobs. Shows the C++ API end to end: a Dataset, options, epochs, and per-sample randomness
-// drawn from the SampleContext, so the data is the same whatever the number of workers.
+// blobs. Shows the C++ API end to end: a Dataset registered by name (so spawned workers can
+// rebuild it), ferry::init, options, epochs, and per-sample randomness drawn from the
+// SampleContext, so the data is the same whatever the number of workers or start method.
 //
 //   example_train_loop [--epochs N] [--samples N] [--batch-size N] [--workers N]
+//                      [--start-method fork|forkserver|spawn]
 
 #include <ferry/ferry.h>
 
@@ -44,17 +46,47 @@ std::size_t arg(int argc, char** argv, const char* name, std::size_t fallback) {
   return fallback;
 }
 
+ferry::StartMethod start_method(int argc, char** argv) {
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::strcmp(argv[i], "--start-method") != 0) continue;
+    const std::string m = argv[i + 1];
+    if (m == "spawn") return ferry::StartMethod::kSpawn;
+    if (m == "forkserver") return ferry::StartMethod::kForkserver;
+    if (m != "fork") {
+      std::fprintf(stderr, "--start-method %s: expected fork, forkserver or spawn\n", m.c_str());
+      std::exit(2);
+    }
+  }
+  return ferry::StartMethod::kFork;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Register the program's own types, then ferry::init: a spawned worker runs main up to here.
+  ferry::Registry::global().add_dataset(
+      {.name = "blobs",
+       .summary = "Gaussian blobs, 4 classes, 16 features",
+       .keys = {{.name = "size", .type = ferry::ValueType::kInt, .required = true, .min = 1}}},
+      [](const ferry::Args& args) {
+        return std::make_shared<BlobDataset>(args.get<std::size_t>("size"));
+      });
+  ferry::init(argc, argv);
+
   const std::size_t epochs = arg(argc, argv, "--epochs", 5);
   const std::size_t samples = arg(argc, argv, "--samples", 20000);
   const std::size_t batch_size = arg(argc, argv, "--batch-size", 64);
   const std::size_t workers = arg(argc, argv, "--workers", 2);
 
-  auto dataset = std::make_shared<BlobDataset>(samples);
-  ferry::DataLoader loader(
-      dataset, {.batch_size = batch_size, .shuffle = true, .num_workers = workers, .seed = 0});
+  const ferry::StartMethod method = start_method(argc, argv);
+
+  auto dataset = ferry::Registry::global().make_dataset(
+      ferry::Config::map({{"type", "blobs"}, {"size", samples}}));
+  ferry::DataLoader loader(dataset, {.batch_size = batch_size,
+                                     .shuffle = true,
+                                     .num_workers = workers,
+                                     .seed = 0,
+                                     .start_method = method});
 
   torch::Tensor weight = torch::zeros({kFeatures, kClasses}).requires_grad_();
   torch::Tensor bias = torch::zeros({kClasses}).requires_grad_();
@@ -62,8 +94,9 @@ int main(int argc, char** argv) {
 
   std::printf(
       "ferry %s: training a %lld-class softmax classifier on %zu synthetic samples, "
-      "batch_size=%zu, num_workers=%zu, %zu batches per epoch\n",
-      FERRY_VERSION, static_cast<long long>(kClasses), samples, batch_size, workers, loader.size());
+      "batch_size=%zu, num_workers=%zu, start_method=%s, %zu batches per epoch\n",
+      FERRY_VERSION, static_cast<long long>(kClasses), samples, batch_size, workers,
+      std::string(ferry::to_string(method)).c_str(), loader.size());
   for (std::size_t epoch = 0; epoch < epochs; ++epoch) {
     const auto start = std::chrono::steady_clock::now();
     double loss_sum = 0;

@@ -40,4 +40,12 @@ step("run example_train_loop" "${build}/example_train_loop" --epochs 2 --samples
 if(NOT step_output MATCHES "epoch 1: loss [0-9.]+  accuracy")
   message(FATAL_ERROR "install_consumer: unexpected output of example_train_loop:\n${step_output}")
 endif()
+# The installed package's spawn and forkserver: workers are fresh copies of the example.
+foreach(method spawn forkserver)
+  step("run example_train_loop under ${method}" "${build}/example_train_loop" --epochs 1
+       --samples 256 --start-method ${method})
+  if(NOT step_output MATCHES "start_method=${method}.*epoch 0: loss [0-9.]+  accuracy")
+    message(FATAL_ERROR "install_consumer: example_train_loop under ${method}:\n${step_output}")
+  endif()
+endforeach()
 message(STATUS "install_consumer: examples built and ran against ${prefix}")
