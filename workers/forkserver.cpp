@@ -4,7 +4,6 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
-#include <spawn.h>
 #include <stdio_ext.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
@@ -21,8 +20,6 @@
 #include "ipc/child_process.h"
 #include "workers/forker.h"
 #include "workers/spawn.h"
-
-extern char** environ;
 
 namespace ferry::workers {
 
@@ -75,36 +72,8 @@ void spawn_server() {
               "start_method=forkserver needs ferry::init(argc, argv) called first "
               "thing in main (it starts the fork server); or use start_method=spawn or fork");
   auto [mine, theirs] = make_parent_only_pair();
-  const std::string program = self_program();
   const int fd = theirs.fd();
-  const int target = fd == 3 ? 4 : 3;
-  const pid_t pid = start_on_forker_thread([&]() -> pid_t {
-    posix_spawn_file_actions_t actions;
-    posix_spawnattr_t attr;
-    ::posix_spawn_file_actions_init(&actions);
-    ::posix_spawnattr_init(&attr);
-    ::posix_spawn_file_actions_adddup2(&actions, fd, target);
-    sigset_t mask, all;
-    sigemptyset(&mask);
-    sigaddset(&mask, SIGINT);  // blocked until ferry::init ignores it
-    sigfillset(&all);
-    ::posix_spawnattr_setsigmask(&attr, &mask);
-    ::posix_spawnattr_setsigdefault(&attr, &all);
-    ::posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-    const std::string sfd = std::to_string(target);
-    const std::string parent = std::to_string(::getpid());
-    char* argv[] = {const_cast<char*>(program.c_str()), const_cast<char*>(kForkserverFlag),
-                    const_cast<char*>(sfd.c_str()), const_cast<char*>(parent.c_str()), nullptr};
-    pid_t child = -1;
-    const int rc = ::posix_spawn(&child, "/proc/self/exe", &actions, &attr, argv, environ);
-    ::posix_spawn_file_actions_destroy(&actions);
-    ::posix_spawnattr_destroy(&attr);
-    if (rc != 0) {
-      throw Error(detail::str("could not start the forkserver: posix_spawn(", program,
-                              ") failed: ", std::strerror(rc)));
-    }
-    return child;
-  });
+  const pid_t pid = spawn_process("", kForkserverFlag, {&fd, 1}, "the forkserver");
   close_parent_only_fd(theirs.release());
   adopt(std::move(mine), pid);
 }

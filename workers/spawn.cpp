@@ -2,17 +2,14 @@
 
 #include <signal.h>
 #include <spawn.h>
-#include <sys/prctl.h>
 #include <unistd.h>
 
-#include <atomic>
+#include <algorithm>
 #include <cerrno>
-#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <string_view>
 
 #include "ferry/error.h"
 
@@ -59,22 +56,28 @@ std::optional<std::string> find_ferry_worker(std::vector<std::string>& tried) {
   return std::nullopt;
 }
 
-pid_t spawn_worker(const std::string& program, int index_fd, int data_fd) {
+pid_t spawn_process(const std::string& program,
+                    const char* flag,
+                    std::span<const int> fds,
+                    const char* what) {
   return start_on_forker_thread([&]() -> pid_t {
-    // The worker's ends go to the two lowest numbers from 3 that are neither end, so the
-    // first dup2 cannot overwrite the second end.
-    const int a = index_fd;
-    const int b = data_fd;
-    int ta = 3;
-    while (ta == a || ta == b) ++ta;
-    int tb = ta + 1;
-    while (tb == a || tb == b) ++tb;
     posix_spawn_file_actions_t actions;
     posix_spawnattr_t attr;
     ::posix_spawn_file_actions_init(&actions);
     ::posix_spawnattr_init(&attr);
-    ::posix_spawn_file_actions_adddup2(&actions, a, ta);
-    ::posix_spawn_file_actions_adddup2(&actions, b, tb);
+    const std::string argv0 = program.empty() ? self_program() : program;
+    std::vector<std::string> args{argv0, flag};
+    // Each descriptor goes to the lowest number from 3 that is none of `fds` and not taken yet,
+    // so no dup2 overwrites a descriptor still to be moved.
+    int target = 2;
+    for (const int fd : fds) {
+      do {
+        ++target;
+      } while (std::find(fds.begin(), fds.end(), target) != fds.end());
+      ::posix_spawn_file_actions_adddup2(&actions, fd, target);
+      args.push_back(std::to_string(target));
+    }
+    args.push_back(std::to_string(::getpid()));
     sigset_t mask, all;
     sigemptyset(&mask);
     sigaddset(&mask, SIGINT);  // blocked until ferry::init ignores it (see ignore_sigint)
@@ -82,28 +85,28 @@ pid_t spawn_worker(const std::string& program, int index_fd, int data_fd) {
     ::posix_spawnattr_setsigmask(&attr, &mask);
     ::posix_spawnattr_setsigdefault(&attr, &all);  // no ignored SIGPIPE or SIGINT inherited
     ::posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-    const std::string argv0 = program.empty() ? self_program() : program;
-    const std::string sa = std::to_string(ta);
-    const std::string sb = std::to_string(tb);
-    const std::string parent = std::to_string(::getpid());
-    char* argv[] = {const_cast<char*>(argv0.c_str()),  const_cast<char*>(kSpawnedWorkerFlag),
-                    const_cast<char*>(sa.c_str()),     const_cast<char*>(sb.c_str()),
-                    const_cast<char*>(parent.c_str()), nullptr};
-    pid_t pid = -1;
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
     // This process's own program is run as /proc/self/exe: the same file, even if its path
     // was replaced or deleted since the program started.
     const char* path = program.empty() ? "/proc/self/exe" : program.c_str();
-    const int rc = ::posix_spawn(&pid, path, &actions, &attr, argv, environ);
+    pid_t pid = -1;
+    const int rc = ::posix_spawn(&pid, path, &actions, &attr, argv.data(), environ);
     ::posix_spawn_file_actions_destroy(&actions);
     ::posix_spawnattr_destroy(&attr);
     if (rc != 0) {
       throw Error(detail::str(
-          "could not start a DataLoader worker: posix_spawn(", argv0,
-          ") failed: ", std::strerror(rc),
+          "could not start ", what, ": posix_spawn(", argv0, ") failed: ", std::strerror(rc),
           rc == ENOENT || rc == EACCES ? "; check that the program exists and is executable" : ""));
     }
     return pid;
   });
+}
+
+pid_t spawn_worker(const std::string& program, int index_fd, int data_fd) {
+  const int fds[2] = {index_fd, data_fd};
+  return spawn_process(program, kSpawnedWorkerFlag, fds, "a DataLoader worker");
 }
 
 ipc::SetupMessage setup_message(const WorkerSpec& spec,

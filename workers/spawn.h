@@ -9,6 +9,7 @@
 #include <sys/types.h>
 
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,14 @@ std::string self_program();
 // The ferry-worker program: $FERRY_WORKER_PROGRAM, else next to this program, else in the
 // build tree, else in the install prefix. nullopt if none exists; `tried` lists the paths.
 std::optional<std::string> find_ferry_worker(std::vector<std::string>& tried);
+
+// Starts `program` (empty: this program, as /proc/self/exe) from the forker thread with
+// arguments `flag`, the numbers `fds` got in the new process, and this process's pid; SIGINT
+// blocked and every signal at its default. Throws ferry::Error naming `what` and the program.
+pid_t spawn_process(const std::string& program,
+                    const char* flag,
+                    std::span<const int> fds,
+                    const char* what);
 
 // Starts `program` (empty: this program) as a worker with the worker's channel ends, from the
 // forker thread. Returns its pid. Throws ferry::Error naming the program when it cannot be started.

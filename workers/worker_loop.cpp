@@ -340,7 +340,6 @@ std::string current_exception_type_name() {
 }
 
 void run_worker(const WorkerSpec& spec, ipc::Channel index, ipc::Channel data) {
-  prepare_worker_process(spec);
   try {
     Worker worker(spec, std::move(index), std::move(data));
     worker.run();

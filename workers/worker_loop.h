@@ -26,22 +26,20 @@ struct WorkerSpec {
   CollateFn collate_fn;  // empty: default collate
   std::function<void(std::size_t)> worker_init_fn;
   std::size_t keep_free_segments = 2;
-  bool spin = false;
-  std::chrono::milliseconds sample_timeout{
-      0};  // per-sample watchdog; 0: none  // poll briefly before sleeping (when workers and main
-           // each have a core)
+  bool spin = false;  // poll briefly before sleeping (when workers and main each have a core)
+  std::chrono::milliseconds sample_timeout{0};  // per-sample watchdog; 0: none
   pid_t parent_pid = 0;
 };
 
-// The worker process's main loop. First thing: LibTorch to one intra-op thread (a forked child
-// that uses more after the parent ran a parallel op hangs forever with GNU OpenMP; see
-// DESIGN.md), parent-death signal, SIGINT ignored, crash messages on fatal signals. Then
-// worker_init_fn, then tasks from `index` until Stop or EOF. Never returns: exits 0 on a
-// requested stop, 1 after reporting a fatal error.
-// The process settings run_worker starts with (one intra-op thread, parent-death signal, SIGINT
-// ignored, crash and watchdog messages). Spawned workers call it before rebuilding the dataset.
+// The process settings a worker needs before anything else: LibTorch to one intra-op thread (a
+// forked child that uses more after the parent ran a parallel op hangs forever with GNU OpenMP;
+// see DESIGN.md), parent-death signal, SIGINT ignored, crash and watchdog messages. A fork worker
+// calls it first thing; a spawned one before it rebuilds the dataset.
 void prepare_worker_process(const WorkerSpec& spec);
 
+// The worker process's main loop, in a process prepare_worker_process() has set up:
+// worker_init_fn, then tasks from `index` until Stop or EOF. Never returns: exits 0 on a
+// requested stop, 1 after reporting a fatal error.
 [[noreturn]] void run_worker(const WorkerSpec& spec, ipc::Channel index, ipc::Channel data);
 
 // The exit code of a worker whose sample outran sample_timeout.

@@ -4,6 +4,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -104,6 +105,9 @@ std::string str(Args&&... args) {
   (os << ... << std::forward<Args>(args));
   return os.str();
 }
+
+// "a, b, c" (for messages that list names).
+std::string join(const std::vector<std::string>& items, std::string_view separator = ", ");
 
 [[noreturn]] void assert_fail(const char* condition,
                               const char* file,

@@ -162,6 +162,10 @@ class Registry {
     CollateFactory collate;
   };
   const Entry& entry(ComponentKind kind, const Config& node, std::string_view path) const;
+  Config resolve(const Entry& e,
+                 ComponentKind kind,
+                 const Config& node,
+                 std::string_view path) const;
   void add(ComponentKind kind, Entry entry);
   std::map<ComponentKind, std::map<std::string, Entry, std::less<>>> entries_;
   std::set<std::string, std::less<>> groups_;

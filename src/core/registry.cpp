@@ -31,9 +31,7 @@ std::string kind_of(const Config& node) {
 }
 
 std::string join(const std::vector<std::string>& names) {
-  std::string out;
-  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
-  return out.empty() ? "(none)" : out;
+  return names.empty() ? "(none)" : detail::join(names);
 }
 
 std::optional<std::int64_t> parse_int(const std::string& s) {
@@ -346,8 +344,11 @@ const Registry::Entry& Registry::entry(ComponentKind kind,
                                        const Config& node,
                                        std::string_view path) const {
   const Config* type = node.is_map() ? node.find("type") : &node;
-  std::vector<std::string> names;
-  for (const TypeInfo* t : types(kind)) names.push_back(t->name);
+  auto registered = [&] {  // for the error messages only
+    std::vector<std::string> names;
+    for (const TypeInfo* t : types(kind)) names.push_back(t->name);
+    return names;
+  };
   if (!node.is_map() && !node.is_scalar()) {
     throw ConfigError(detail::str(place(node), path, ": expected a ", to_string(kind),
                                   " (a map with a 'type' key, or a type name), found ",
@@ -357,7 +358,7 @@ const Registry::Entry& Registry::entry(ComponentKind kind,
     throw ConfigError(detail::str(place(type != nullptr ? *type : node), path,
                                   ".type: expected the name of a registered ", to_string(kind),
                                   " type, found ", type ? kind_of(*type) : "no 'type' key",
-                                  "; registered: ", join(names)));
+                                  "; registered: ", join(registered())));
   }
   const auto table = entries_.find(kind);
   if (table != entries_.end()) {
@@ -365,6 +366,7 @@ const Registry::Entry& Registry::entry(ComponentKind kind,
       return it->second;
     }
   }
+  const std::vector<std::string> names = registered();
   const auto suggestion = nearest(type->scalar(), names);
   throw ConfigError(detail::str(
       place(*type), path, node.is_map() ? ".type" : "", ": unknown ", to_string(kind), " type '",
@@ -376,18 +378,24 @@ const Registry::Entry& Registry::entry(ComponentKind kind,
 }
 
 Config Registry::resolve(ComponentKind kind, const Config& node, std::string_view path) const {
-  const Entry& e = entry(kind, node, path);
+  return resolve(entry(kind, node, path), kind, node, path);
+}
+
+Config Registry::resolve(const Entry& e,
+                         ComponentKind kind,
+                         const Config& node,
+                         std::string_view path) const {
   const TypeInfo& info = e.info;
   Config out = Config::map({{"type", info.name}});
   if (node.is_map()) {
     out.set_mark(node.mark());
-    std::vector<std::string> key_names;
-    for (const auto& k : info.keys) key_names.push_back(k.name);
     for (const auto& [key, value] : node.entries()) {
       if (key == "type" || (kind == ComponentKind::kDataset && key == "transforms")) continue;
       const bool known = std::any_of(info.keys.begin(), info.keys.end(),
                                      [&](const KeySpec& k) { return k.name == key; });
       if (known) continue;
+      std::vector<std::string> key_names;
+      for (const auto& k : info.keys) key_names.push_back(k.name);
       const auto suggestion = nearest(key, key_names);
       throw ConfigError(detail::str(
           place(value), path, ".", key, ": unknown key for ", to_string(kind), " '", info.name, "'",
@@ -454,7 +462,7 @@ auto build(F&& factory, const TypeInfo& info, std::string_view kind, std::string
 
 AnyDataset Registry::make_any_dataset(const Config& node, std::string_view path) const {
   const Entry& e = entry(ComponentKind::kDataset, node, path);
-  Config resolved = resolve(ComponentKind::kDataset, node, path);
+  Config resolved = resolve(e, ComponentKind::kDataset, node, path);
   bool builtin = e.info.builtin;
   // The transforms first: a bad transform is reported before the dataset opens its files.
   TransformList transforms;
@@ -514,7 +522,7 @@ std::shared_ptr<Dataset> Registry::make_dataset(const Config& node, std::string_
 std::shared_ptr<Transform> Registry::make_transform(const Config& node,
                                                     std::string_view path) const {
   const Entry& e = entry(ComponentKind::kTransform, node, path);
-  Config resolved = resolve(ComponentKind::kTransform, node, path);
+  Config resolved = resolve(e, ComponentKind::kTransform, node, path);
   const Args args(e.info, resolved, std::string(path));
   auto t = build([&] { return e.transform(args); }, e.info, "transform", path);
   FERRY_CHECK(t != nullptr, path, ": the factory of transform '", e.info.name, "' returned null");
@@ -527,7 +535,7 @@ std::shared_ptr<Sampler> Registry::make_sampler(const Config& node,
                                                 const SamplerContext& context,
                                                 std::string_view path) const {
   const Entry& e = entry(ComponentKind::kSampler, node, path);
-  const Config resolved = resolve(ComponentKind::kSampler, node, path);
+  const Config resolved = resolve(e, ComponentKind::kSampler, node, path);
   const Args args(e.info, resolved, std::string(path));
   auto s = build([&] { return e.sampler(args, context); }, e.info, "sampler", path);
   FERRY_CHECK(s != nullptr, path, ": the factory of sampler '", e.info.name, "' returned null");
@@ -536,7 +544,7 @@ std::shared_ptr<Sampler> Registry::make_sampler(const Config& node,
 
 CollateFn Registry::make_collate(const Config& node, std::string_view path) const {
   const Entry& e = entry(ComponentKind::kCollate, node, path);
-  Config resolved = resolve(ComponentKind::kCollate, node, path);
+  Config resolved = resolve(e, ComponentKind::kCollate, node, path);
   const Args args(e.info, resolved, std::string(path));
   CollateFn fn = build([&] { return e.collate(args); }, e.info, "collate", path);
   FERRY_CHECK(fn != nullptr, path, ": the factory of collate '", e.info.name, "' returned null");

@@ -112,6 +112,12 @@ class InProcessStreamEpoch final : public detail::EpochIterator {
 std::shared_ptr<LoaderState> make_state(DataLoaderOptions options, CollateFn collate_fn) {
   auto state = std::make_shared<LoaderState>();
   state->options = resolve(std::move(options));
+  // The registry's `default` collate is default collation: give it the workers' direct path
+  // (samples written straight into the segment), not the generic one for a user's function.
+  if (const ComponentSpec* c = collate_spec(collate_fn);
+      c != nullptr && c->config.find("type")->scalar() == "default") {
+    collate_fn = nullptr;
+  }
   state->collate_fn = std::move(collate_fn);
   const DataLoaderOptions& o = state->options;
   if (o.device && o.device->is_cuda()) {
@@ -133,12 +139,6 @@ std::shared_ptr<LoaderState> make_state(DataLoaderOptions options, CollateFn col
                     " hardware threads; more workers than cores usually slows loading down");
   }
   return state;
-}
-
-std::string join(const std::vector<std::string>& items) {
-  std::string out;
-  for (const auto& item : items) out += (out.empty() ? "" : ", ") + item;
-  return out;
 }
 
 // Start-method checks that need the dataset, and what spawn and forkserver send each worker.
@@ -170,11 +170,9 @@ void prepare_workers(LoaderState& s) {
     FERRY_CHECK(c != nullptr, "a collate_fn given as a C++ function cannot travel to a ", name,
                 " worker; register it and pass ferry::Registry::global().make_collate(...), or "
                 "use start_method=fork");
-    if (c->config.find("type")->scalar() != "default") {  // default: the worker's fast path
-      s.collate_config = c->config.to_text();
-      s.collate_hash = c->hash;
-      builtin = builtin && c->builtin;
-    }
+    s.collate_config = c->config.to_text();
+    s.collate_hash = c->hash;
+    builtin = builtin && c->builtin;
   }
   if (method == StartMethod::kForkserver) {
     FERRY_CHECK(workers::init_called(),
@@ -195,7 +193,7 @@ void prepare_workers(LoaderState& s) {
   FERRY_CHECK(program.has_value(),
               "start_method=spawn: this program did not call "
               "ferry::init(argc, argv), and the ferry-worker program is not at ",
-              join(tried),
+              detail::join(tried),
               "; call ferry::init first thing in main, or set FERRY_WORKER_PROGRAM to the path "
               "of ferry-worker");
   s.worker_program = *program;

@@ -138,7 +138,7 @@ std::optional<Batch> MultiProcessEpoch::next_locked() {
     // A spawn or forkserver worker's start-up (a fresh program, the dataset rebuilt) is not a
     // batch taking too long: the timeout counts from its handshake, and start-up gets its own,
     // generous bound.
-    const std::size_t ready_before = ready_workers();
+    const std::size_t ready_before = pool_->ready_workers;
     std::optional<ipc::Clock::time_point> startup;
     if (ready_before < pool_->workers.size()) {
       startup = pool_->started + WorkerPool::startup_limit();
@@ -153,7 +153,7 @@ std::optional<Batch> MultiProcessEpoch::next_locked() {
       if (culprit == nullptr || culprit->ready) timed_out(timeout);
       deadline = now + timeout;  // the worker it waits for is still starting
     }
-    if (deadline && ready_workers() > ready_before) deadline = now + timeout;
+    if (deadline && pool_->ready_workers > ready_before) deadline = now + timeout;
   }
 }
 
@@ -185,12 +185,8 @@ void MultiProcessEpoch::startup_timed_out() {
     w.dead = true;
     fail(std::make_exception_ptr(TimeoutError(what, std::move(failure))));
   }
-}
-
-std::size_t MultiProcessEpoch::ready_workers() const {
-  std::size_t n = 0;
-  for (const auto& w : pool_->workers) n += w.ready ? 1 : 0;
-  return n;
+  // Only dead workers never became ready (their deaths were reported already): a plain timeout.
+  timed_out(WorkerPool::startup_limit());
 }
 
 std::optional<MultiProcessEpoch::Result> MultiProcessEpoch::pop_result() {
@@ -504,6 +500,7 @@ void MultiProcessEpoch::check_handshake(WorkerSlot& w, const ipc::WorkerReadyMes
                     expected, "; did its files change? Configuration: ", s.dataset_config))));
   }
   w.ready = true;
+  ++pool_->ready_workers;
 }
 
 void MultiProcessEpoch::worker_died(WorkerSlot& w) {

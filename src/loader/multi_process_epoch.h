@@ -39,7 +39,6 @@ class MultiProcessEpoch final : public EpochIterator {
 
   std::optional<Batch> next_locked();
   void start_workers();
-  std::size_t ready_workers() const;
   void check_handshake(WorkerSlot& w, const ipc::WorkerReadyMessage& m);
   std::optional<Result> pop_result();
   bool finished() const;

@@ -84,6 +84,7 @@ void WorkerPool::start_worker() {
   try {
     pid = workers::fork_worker(
         [spec, index_fd, data_fd]() {
+          workers::prepare_worker_process(spec);
           workers::run_worker(spec, ipc::Channel(ipc::UniqueFd(index_fd)),
                               ipc::Channel(ipc::UniqueFd(data_fd)));
         },
@@ -106,6 +107,7 @@ WorkerSlot& WorkerPool::add_slot(std::size_t id,
   slot.data = std::move(main_data);
   slot.process = ipc::ChildProcess(pid);
   workers.push_back(std::move(slot));
+  ++ready_workers;  // a fresh (spawn, forkserver) worker is not: see start_fresh_worker
   return workers.back();
 }
 
@@ -133,6 +135,7 @@ void WorkerPool::start_fresh_worker(const workers::WorkerSpec& spec,
   workers::close_parent_only_fd(worker_data.release());
   WorkerSlot& slot = add_slot(spec.worker_id, std::move(main_index), std::move(main_data), pid);
   slot.ready = false;
+  --ready_workers;
   ipc::SetupMessage setup =
       workers::setup_message(spec, state_.dataset_config, state_.collate_config);
   // Queued in the socket: the worker reads it once it has started. If it died already, the

@@ -80,6 +80,7 @@ class WorkerPool {
   std::shared_ptr<RecycleQueue> recycle = std::make_shared<RecycleQueue>();
   std::uint64_t owner_token = 0;  // the epoch iterator using the pool now
   bool broken = false;            // a worker died or was killed: not reusable
+  std::size_t ready_workers = 0;  // workers past their handshake (fork: every one)
 
   static constexpr std::chrono::milliseconds kShutdownGrace{1000};
   // How long a spawn or forkserver worker may take to start (start a program, rebuild the
