@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "ferry/config.h"
 #include "ferry/example.h"
@@ -18,6 +19,7 @@ class Registered {
   /// spawned worker can build it again; null for an object constructed directly in C++.
   const ComponentSpec* spec() const noexcept { return spec_ ? &*spec_ : nullptr; }
   void set_spec(ComponentSpec spec) { spec_ = std::move(spec); }
+  void clear_spec() noexcept { spec_.reset(); }
 
  private:
   std::optional<ComponentSpec> spec_;
@@ -30,6 +32,8 @@ class Registered {
 /// configuration under spawn) and, with `worker_threads > 1`, on several threads at once, so it
 /// is `const` and must not rely on state shared with the training loop. Changes made to the
 /// dataset in the main process after workers start do not reach them.
+class Transform;
+
 class Dataset : public detail::Registered {
  public:
   virtual ~Dataset() = default;
@@ -37,6 +41,13 @@ class Dataset : public detail::Registered {
   /// Loads sample `index` (0 <= index < size()). Throw to report a bad sample: the loader raises
   /// the error in the training loop with the index, worker and batch attached.
   virtual Example get(std::size_t index, SampleContext& ctx) const = 0;
+  /// A copy of this dataset that applies `transforms` to each sample itself, or null (the
+  /// default) to have a TransformedDataset apply them after `get`. Image datasets take them so
+  /// that a file is decoded straight into the first crop or resize (see ferry::apply_transforms).
+  virtual std::shared_ptr<Dataset> with_transforms(
+      [[maybe_unused]] const std::vector<std::shared_ptr<const Transform>>& transforms) const {
+    return nullptr;
+  }
 };
 
 /// The stream of samples one worker produces for an iterable dataset.

@@ -18,3 +18,6 @@
 #include "ferry/synthetic_dataset.h"
 #include "ferry/transform.h"
 #include "ferry/version.h"
+#if defined(FERRY_HAS_VISION)
+#include "ferry/vision.h"
+#endif

@@ -1,6 +1,9 @@
 #pragma once
 
 #include "ferry/registry.h"
+#if defined(FERRY_HAS_VISION)
+#include "ferry/vision.h"
+#endif
 
 namespace ferry {
 
@@ -8,6 +11,9 @@ namespace ferry {
 /// with OpenCV) into `registry`. Idempotent.
 inline void register_builtins(Registry& registry = Registry::global()) {
   register_core_types(registry);
+#if defined(FERRY_HAS_VISION)
+  vision::register_vision_types(registry);
+#endif
 }
 
 namespace detail {

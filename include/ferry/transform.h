@@ -14,9 +14,26 @@ class Transform : public detail::Registered {
  public:
   virtual ~Transform() = default;
   virtual Example operator()(Example example, SampleContext& ctx) const = 0;
+  /// One transform doing the work of `self` (this object) followed by `next`, or null to run
+  /// them one after the other. Datasets call it on adjacent pairs when they are built, so that,
+  /// for example, image transforms keep their working image between steps.
+  virtual std::shared_ptr<const Transform> fuse(
+      [[maybe_unused]] const std::shared_ptr<const Transform>& self,
+      [[maybe_unused]] const std::shared_ptr<const Transform>& next) const {
+    return nullptr;
+  }
 };
 
 using TransformList = std::vector<std::shared_ptr<const Transform>>;
+
+/// `transforms` with adjacent pairs fused where they allow it (see Transform::fuse).
+TransformList fuse_adjacent(const TransformList& transforms);
+
+/// `dataset` with `transforms` applied to each sample: the dataset itself when it can take them
+/// over (Dataset::with_transforms; an image dataset decodes straight into the first crop), else a
+/// TransformedDataset.
+std::shared_ptr<Dataset> apply_transforms(std::shared_ptr<const Dataset> dataset,
+                                          const TransformList& transforms);
 
 /// A map-style dataset whose samples pass through `transforms` in order.
 class TransformedDataset : public Dataset {

@@ -419,7 +419,14 @@ Config Registry::resolve(const Entry& e,
       // anything goes
     } else if (is_list_type(key.type)) {
       if (!value->is_list()) {
-        expected = std::string(to_string(key.type));
+        // One value stands for a list of one (torchvision's `size=224` for `size=[224]`).
+        expected = check_scalar(key, element_of(key.type), *value);
+        if (expected.empty()) {
+          out.set(key.name, Config::list({*value}));
+          continue;
+        }
+        expected = std::string(to_string(key.type)) + " (or one " +
+                   std::string(to_string(element_of(key.type))) + ")";
       } else {
         for (const Config& item : value->items()) {
           expected = check_scalar(key, element_of(key.type), item);
@@ -486,7 +493,7 @@ AnyDataset Registry::make_any_dataset(const Config& node, std::string_view path)
   if (e.dataset) {
     std::shared_ptr<Dataset> d = build([&] { return e.dataset(args); }, e.info, "dataset", path);
     FERRY_CHECK(d != nullptr, path, ": the factory of dataset '", e.info.name, "' returned null");
-    if (!transforms.empty()) d = std::make_shared<TransformedDataset>(std::move(d), transforms);
+    if (!transforms.empty()) d = apply_transforms(std::move(d), transforms);
     out = std::move(d);
   } else {
     std::shared_ptr<IterableDataset> d =

@@ -4,12 +4,36 @@
 
 namespace ferry {
 
+TransformList fuse_adjacent(const TransformList& transforms) {
+  TransformList out;
+  for (const auto& t : transforms) {
+    FERRY_CHECK(t != nullptr, "a transform in the list is null");
+    if (!out.empty()) {
+      if (auto fused = out.back()->fuse(out.back(), t)) {
+        out.back() = std::move(fused);
+        continue;
+      }
+    }
+    out.push_back(t);
+  }
+  return out;
+}
+
+std::shared_ptr<Dataset> apply_transforms(std::shared_ptr<const Dataset> dataset,
+                                          const TransformList& transforms) {
+  FERRY_CHECK(dataset != nullptr, "apply_transforms: the dataset is null");
+  for (const auto& t : transforms) FERRY_CHECK(t != nullptr, "apply_transforms: a transform is null");
+  if (auto own = dataset->with_transforms(transforms)) return own;
+  return std::make_shared<TransformedDataset>(std::move(dataset), transforms);
+}
+
 TransformedDataset::TransformedDataset(std::shared_ptr<const Dataset> dataset,
                                        TransformList transforms)
     : dataset_(std::move(dataset)), transforms_(std::move(transforms)) {
   FERRY_CHECK(dataset_ != nullptr, "TransformedDataset: the dataset is null");
   for (const auto& t : transforms_)
     FERRY_CHECK(t != nullptr, "TransformedDataset: a transform is null");
+  transforms_ = fuse_adjacent(transforms_);
 }
 
 Example TransformedDataset::get(std::size_t index, SampleContext& ctx) const {
@@ -25,6 +49,7 @@ TransformedIterableDataset::TransformedIterableDataset(
   for (const auto& t : transforms_) {
     FERRY_CHECK(t != nullptr, "TransformedIterableDataset: a transform is null");
   }
+  transforms_ = fuse_adjacent(transforms_);
 }
 
 std::unique_ptr<ExampleStream> TransformedIterableDataset::stream(SampleContext& ctx) const {
