@@ -3,37 +3,131 @@
 #include "ferry/error.h"
 
 #include "collate/batch_layout.h"
+#include "workers/worker_loop.h"
+
+#if defined(FERRY_HAS_TBB)
+#include <tbb/blocked_range.h>
+#include <tbb/global_control.h>
+#include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
+#endif
+
+#include <exception>
+#include <memory>
+#include <optional>
 
 namespace ferry::workers {
 
-Example fetch_sample(const Dataset& dataset,
-                     std::size_t dataset_size,
-                     std::int64_t index,
-                     std::uint64_t epoch,
-                     const WorkerIdentity& who) {
+namespace {
+
+void check_index(std::size_t dataset_size, std::int64_t index) {
   if (index < 0 || static_cast<std::size_t>(index) >= dataset_size) {
     throw DataError(detail::str("sampler yielded index ", index, " but the dataset has ",
                                 dataset_size, " samples (valid: 0..",
                                 dataset_size == 0 ? 0 : dataset_size - 1,
                                 "); check the sampler or the dataset's size()"));
   }
+}
+
+Example load_one(const Dataset& dataset, std::int64_t index, std::uint64_t epoch,
+                 const WorkerIdentity& who) {
   SampleContext ctx(who.base_seed, epoch, index, who.worker_id, who.num_workers);
   Example example = dataset.get(static_cast<std::size_t>(index), ctx);
   example.set_index(index);
   return example;
 }
 
-std::vector<Example> fetch_samples(const Dataset& dataset,
-                                   std::span<const std::int64_t> indices,
-                                   std::uint64_t epoch,
-                                   const WorkerIdentity& who) {
-  std::vector<Example> samples;
-  samples.reserve(indices.size());
-  const std::size_t size = dataset.size();
-  for (const std::int64_t index : indices) {
-    samples.push_back(fetch_sample(dataset, size, index, epoch, who));
+#if defined(FERRY_HAS_TBB)
+// One arena per process and thread count, made on first use: in a worker, after the fork.
+// worker_threads is the user's choice, so TBB may run more threads than the machine has cores.
+tbb::task_arena& arena_for(std::size_t threads) {
+  static std::unique_ptr<tbb::global_control> limit;
+  static std::unique_ptr<tbb::task_arena> arena;
+  static std::size_t arena_threads = 0;
+  if (!arena || arena_threads != threads) {
+    arena.reset();
+    limit = std::make_unique<tbb::global_control>(tbb::global_control::max_allowed_parallelism,
+                                                  threads);
+    arena = std::make_unique<tbb::task_arena>(static_cast<int>(threads));
+    arena_threads = threads;
   }
-  return samples;
+  return *arena;
+}
+#endif
+
+}  // namespace
+
+bool parallel_fetch_available() noexcept {
+#if defined(FERRY_HAS_TBB)
+  return true;
+#else
+  return false;
+#endif
+}
+
+FetchedBatch fetch_batch(const Dataset& dataset,
+                         std::size_t dataset_size,
+                         std::span<const std::int64_t> indices,
+                         std::uint64_t epoch,
+                         const WorkerIdentity& who,
+                         const FetchOptions& options,
+                         std::int64_t* failing_index) {
+  for (const std::int64_t index : indices) check_index(dataset_size, index);
+  const std::size_t n = indices.size();
+  std::vector<std::optional<Example>> loaded(n);
+  std::vector<std::exception_ptr> errors(n);
+  FetchedBatch out;
+  if (options.threads > 1 && n > 1) {
+#if defined(FERRY_HAS_TBB)
+    arena_for(options.threads).execute([&] {
+      tbb::parallel_for(tbb::blocked_range<std::size_t>(0, n, 1),
+                        [&](const tbb::blocked_range<std::size_t>& range) {
+                          for (std::size_t i = range.begin(); i != range.end(); ++i) {
+                            try {
+                              loaded[i] = load_one(dataset, indices[i], epoch, who);
+                            } catch (...) {
+                              errors[i] = std::current_exception();
+                            }
+                          }
+                        });
+    });
+#else
+    FERRY_ASSERT(false, "worker_threads > 1 in a build without TBB (resolve() refuses it)");
+#endif
+  } else {
+    for (std::size_t i = 0; i < n; ++i) {
+      if (i > 0 && options.stop_requested && options.stop_requested()) {
+        out.stopped = true;
+        return out;
+      }
+      if (options.before_sample) options.before_sample(indices[i]);
+      try {
+        loaded[i] = load_one(dataset, indices[i], epoch, who);
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+      if (options.after_sample) options.after_sample();
+      if (errors[i] && !options.skip_errors) break;  // raise: no point loading the rest
+    }
+  }
+  out.samples.reserve(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (!errors[i]) {
+      if (loaded[i]) out.samples.push_back(std::move(*loaded[i]));
+      continue;
+    }
+    if (!options.skip_errors) {
+      if (failing_index != nullptr) *failing_index = indices[i];
+      std::rethrow_exception(errors[i]);
+    }
+    try {
+      std::rethrow_exception(errors[i]);
+    } catch (...) {
+      out.skipped.push_back(
+          {indices[i], current_exception_type_name(), current_exception_message()});
+    }
+  }
+  return out;
 }
 
 StreamReader::StreamReader(const IterableDataset& dataset,

@@ -1,6 +1,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <memory>
 #include <span>
 #include <vector>
@@ -9,6 +11,7 @@
 #include "ferry/dataset.h"
 
 #include "collate/buffer_pool.h"
+#include "ipc/protocol.h"
 
 namespace ferry::workers {
 
@@ -19,21 +22,39 @@ struct WorkerIdentity {
   std::uint64_t base_seed = 0;
 };
 
-// Loads sample `index` (checked against `dataset_size`) with its own SampleContext and tags it
-// with its index.
-Example fetch_sample(const Dataset& dataset,
-                     std::size_t dataset_size,
-                     std::int64_t index,
-                     std::uint64_t epoch,
-                     const WorkerIdentity& who);
+// A sample that on_error = skip left out of its batch (index, exception type and message).
+using SkippedSample = ipc::SkippedSampleRecord;
+
+struct FetchOptions {
+  std::size_t threads = 1;   // worker_threads: > 1 loads the samples in parallel (TBB)
+  bool skip_errors = false;  // on_error = skip: a sample whose get() throws is left out
+  // Sequential loading only: called around each Dataset::get (the worker's sample watchdog),
+  // and between samples, true to stop early (the loader is shutting down).
+  std::function<void(std::int64_t index)> before_sample{};
+  std::function<void()> after_sample{};
+  std::function<bool()> stop_requested{};
+};
+
+struct FetchedBatch {
+  std::vector<Example> samples;        // in the batch's index order, the skipped ones left out
+  std::vector<SkippedSample> skipped;  // in index order
+  bool stopped = false;                // stop_requested() said so
+};
 
 // Loads the samples of one batch of a map-style dataset, each with its own SampleContext seeded
-// from (base_seed, epoch, index), and tags each with its dataset index. Throws ferry::DataError
-// for an index outside the dataset; the dataset's own exceptions pass through unchanged.
-std::vector<Example> fetch_samples(const Dataset& dataset,
-                                   std::span<const std::int64_t> indices,
-                                   std::uint64_t epoch,
-                                   const WorkerIdentity& who);
+// from (base_seed, epoch, index) and tagged with its dataset index, `options.threads` at a time. Under raise, the first failing sample (in index order) sets `*failing_index` and
+// its exception propagates unchanged; under skip it is recorded and left out. An index outside
+// the dataset always raises ferry::DataError (a sampler bug, not bad data).
+FetchedBatch fetch_batch(const Dataset& dataset,
+                         std::size_t dataset_size,
+                         std::span<const std::int64_t> indices,
+                         std::uint64_t epoch,
+                         const WorkerIdentity& who,
+                         const FetchOptions& options,
+                         std::int64_t* failing_index);
+
+// True when this build can load with worker_threads > 1 (it found TBB).
+bool parallel_fetch_available() noexcept;
 
 // Reads one worker's stream over an iterable dataset in batches, tagging each sample with its
 // position in the stream and giving it a SampleContext seeded from (seed, epoch, worker,

@@ -121,6 +121,8 @@ ipc::SetupMessage setup_message(const WorkerSpec& spec,
   setup.keep_free_segments = spec.keep_free_segments;
   setup.spin = spec.spin;
   setup.sample_timeout_ms = static_cast<std::uint64_t>(spec.sample_timeout.count());
+  setup.worker_threads = spec.worker_threads;
+  setup.skip_errors = spec.skip_errors;
   setup.parent_pid = spec.parent_pid;
   setup.dataset_config = std::move(dataset_config);
   setup.collate_config = std::move(collate_config);
@@ -137,6 +139,8 @@ WorkerSpec worker_spec(const ipc::SetupMessage& setup) {
   spec.keep_free_segments = setup.keep_free_segments;
   spec.spin = setup.spin;
   spec.sample_timeout = std::chrono::milliseconds(setup.sample_timeout_ms);
+  spec.worker_threads = static_cast<std::size_t>(setup.worker_threads);
+  spec.skip_errors = setup.skip_errors;
   spec.parent_pid = static_cast<pid_t>(setup.parent_pid);
   return spec;
 }

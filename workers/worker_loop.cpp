@@ -126,7 +126,15 @@ class Worker {
         index_(std::move(index)),
         data_(std::move(data)),
         pool_(spec.worker_id, spec.keep_free_segments),
-        who_{spec.worker_id, spec.num_workers, spec.base_seed} {}
+        who_{spec.worker_id, spec.num_workers, spec.base_seed} {
+    fetch_options_.threads = spec.worker_threads;
+    fetch_options_.skip_errors = spec.skip_errors;
+    fetch_options_.before_sample = [this](std::int64_t index) {
+      watchdog_.emplace(spec_.sample_timeout, index);
+    };
+    fetch_options_.after_sample = [this] { watchdog_.reset(); };
+    fetch_options_.stop_requested = [this] { return index_.peer_hung_up(); };
+  }
 
   [[noreturn]] void run() {
     if (spec_.worker_init_fn) {
@@ -171,23 +179,30 @@ class Worker {
  private:
   void handle(const ipc::TaskMessage& task) {
     std::vector<Example> samples;
+    std::vector<SkippedSample> skipped;
     std::int64_t failing_index = -1;
     try {
       if (spec_.dataset) {
-        samples.reserve(task.indices.size());
-        for (const std::int64_t index : task.indices) {
-          // Between samples of a batch: a loader that is shutting down has hung up; stop now
-          // rather than after the whole batch (a slow dataset could outlast the grace period).
-          if (!samples.empty() && index_.peer_hung_up()) exit_now(0);
-          failing_index = index;
-          const SampleWatchdog watchdog(spec_.sample_timeout, index);
-          samples.push_back(fetch_sample(*spec_.dataset, dataset_size_, index, task.epoch, who_));
+        FetchedBatch fetched = fetch_batch(*spec_.dataset, dataset_size_, task.indices,
+                                           task.epoch, who_, fetch_options_, &failing_index);
+        // A loader that is shutting down has hung up: stop now rather than after the whole
+        // batch (a slow dataset could outlast the grace period).
+        if (fetched.stopped) exit_now(0);
+        samples = std::move(fetched.samples);
+        skipped = std::move(fetched.skipped);
+        if (samples.empty()) {  // every sample was skipped: nothing to collate
+          ipc::BatchReadyMessage ready;
+          ready.epoch = task.epoch;
+          ready.sequence = task.sequence;
+          ready.segment_id = ipc::kNoSegment;
+          ready.skipped = std::move(skipped);
+          send(ipc::DataMessage(std::move(ready)));
+          return;
         }
-        failing_index = -1;
       } else if (!read_stream(task, samples)) {
         return;
       }
-      send_batch(task, std::move(samples));
+      send_batch(task, std::move(samples), std::move(skipped));
     } catch (...) {
       ipc::SampleErrorMessage error;
       error.epoch = task.epoch;
@@ -217,10 +232,13 @@ class Worker {
     return true;
   }
 
-  void send_batch(const ipc::TaskMessage& task, std::vector<Example> samples) {
+  void send_batch(const ipc::TaskMessage& task,
+                  std::vector<Example> samples,
+                  std::vector<SkippedSample> skipped) {
     ipc::BatchReadyMessage ready;
     ready.epoch = task.epoch;
     ready.sequence = task.sequence;
+    ready.skipped = std::move(skipped);
     ready.indices.reserve(samples.size());
     for (const Example& s : samples) ready.indices.push_back(s.index());
 
@@ -314,6 +332,8 @@ class Worker {
   SegmentPool pool_;
   WorkerIdentity who_;
   std::optional<StreamReader> stream_;
+  FetchOptions fetch_options_;
+  std::optional<SampleWatchdog> watchdog_;  // armed around each sample (sample_timeout)
   std::size_t dataset_size_ = spec_.dataset ? spec_.dataset->size() : 0;
 };
 

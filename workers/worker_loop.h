@@ -28,6 +28,8 @@ struct WorkerSpec {
   std::size_t keep_free_segments = 2;
   bool spin = false;  // poll briefly before sleeping (when workers and main each have a core)
   std::chrono::milliseconds sample_timeout{0};  // per-sample watchdog; 0: none
+  std::size_t worker_threads = 1;               // samples of a batch loaded in parallel
+  bool skip_errors = false;                     // on_error = skip
   pid_t parent_pid = 0;
 };
 

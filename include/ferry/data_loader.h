@@ -4,6 +4,8 @@
 #include <iterator>
 #include <memory>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "ferry/batch.h"
 #include "ferry/collate.h"
@@ -17,6 +19,21 @@ namespace detail {
 class EpochIterator;  // one epoch's source of batches (in-process or worker processes)
 struct LoaderState;
 }  // namespace detail
+
+/// A sample that `on_error = skip` left out.
+struct SkippedSample {
+  std::uint64_t epoch = 0;
+  std::int64_t index = -1;  ///< the dataset index
+  std::string error;        ///< the exception's type and message
+};
+
+/// What a loader has delivered and skipped, over all its epochs so far.
+struct LoaderStats {
+  std::size_t batches = 0;  ///< batches handed to the training loop
+  std::size_t samples = 0;  ///< samples in them
+  std::size_t skipped = 0;  ///< samples left out under on_error = skip
+  std::vector<SkippedSample> skipped_samples;
+};
 
 /// Iterates batches of a dataset, as torch.utils.data.DataLoader does.
 ///
@@ -88,6 +105,8 @@ class DataLoader {
   std::uint64_t epoch() const noexcept;
   /// The options after `resolve()`: the seed in use, the prefetch factor.
   const DataLoaderOptions& options() const noexcept;
+  /// Batches and samples delivered, and the samples skipped (on_error = skip) with their errors.
+  LoaderStats stats() const;
 
  private:
   std::shared_ptr<detail::LoaderState> state_;

@@ -25,6 +25,14 @@ std::string_view to_string(StartMethod method) noexcept;
 void set_default_start_method(StartMethod method) noexcept;
 StartMethod default_start_method() noexcept;
 
+/// What a sample whose loading throws does to its batch (not in PyTorch, whose users filter in
+/// a collate_fn).
+enum class OnError {
+  kRaise,  ///< the batch fails: the loop gets the error (naming the sample), then goes on
+  kSkip,   ///< the sample is left out and recorded in DataLoader::stats(); the batch is shorter
+};
+std::string_view to_string(OnError policy) noexcept;
+
 inline constexpr std::size_t kDefaultPrefetchFactor = 2;
 
 /// Options for `DataLoader`; names and defaults follow torch.utils.data.DataLoader. Objects (the
@@ -50,6 +58,14 @@ struct DataLoaderOptions {
   /// Not in PyTorch: a worker whose `Dataset::get` runs longer than this for one sample is
   /// killed and the loop gets a TimeoutError (0: no limit). Needs num_workers > 0.
   std::chrono::milliseconds sample_timeout{0};
+  /// Not in PyTorch: threads that load the samples of one batch in parallel inside each worker
+  /// (in the calling thread's process with num_workers = 0), in a TBB arena. LibTorch's own
+  /// intra-op pool stays at one thread (see DESIGN.md). Needs a build with TBB.
+  std::size_t worker_threads = 1;
+  /// Not in PyTorch: raise (default) or skip samples whose Dataset::get throws. Skipped samples
+  /// are counted and listed in DataLoader::stats(); a batch holds the samples that loaded (a
+  /// batch whose every sample was skipped is not delivered). Map-style datasets only.
+  OnError on_error = OnError::kRaise;
 };
 
 /// Checks `options` against PyTorch's rules and fills in derived defaults (prefetch_factor, seed).

@@ -170,6 +170,8 @@ std::vector<std::byte> encode(const IndexMessage& message) {
     w.put(m->keep_free_segments);
     w.put(static_cast<std::uint8_t>(m->spin));
     w.put(m->sample_timeout_ms);
+    w.put(m->worker_threads);
+    w.put(static_cast<std::uint8_t>(m->skip_errors));
     w.put(m->parent_pid);
     w.put(m->dataset_config);
     w.put(m->collate_config);
@@ -191,6 +193,12 @@ std::vector<std::byte> encode(const DataMessage& message) {
     w.put(m->fields);
     w.put(m->indices);
     w.put(m->retired_segments);
+    w.put(static_cast<std::uint32_t>(m->skipped.size()));
+    for (const SkippedSampleRecord& s : m->skipped) {
+      w.put(s.index);
+      w.put(s.type_name);
+      w.put(s.message);
+    }
   } else if (const auto* m = std::get_if<SampleErrorMessage>(&message)) {
     w.header(kSampleError);
     w.put(m->epoch);
@@ -249,6 +257,8 @@ IndexMessage decode_index(std::span<const std::byte> bytes) {
       m.keep_free_segments = r.get<std::uint64_t>("free segments");
       m.spin = r.get<std::uint8_t>("spin") != 0;
       m.sample_timeout_ms = r.get<std::uint64_t>("sample timeout");
+      m.worker_threads = r.get<std::uint64_t>("worker threads");
+      m.skip_errors = r.get<std::uint8_t>("on_error") != 0;
       m.parent_pid = r.get<std::int64_t>("parent pid");
       m.dataset_config = r.get_string("dataset configuration");
       m.collate_config = r.get_string("collate configuration");
@@ -278,6 +288,15 @@ DataMessage decode_data(std::span<const std::byte> bytes) {
       for (std::uint32_t i = 0; i < nfields; ++i) m.fields.push_back(r.get_field());
       m.indices = r.get_vector<std::int64_t>("indices");
       m.retired_segments = r.get_vector<std::uint64_t>("retired segments");
+      const auto nskipped = r.get<std::uint32_t>("skipped count");
+      if (nskipped > m.indices.size() + 1'000'000) throw Error("ferry protocol: absurd skip count");
+      for (std::uint32_t i = 0; i < nskipped; ++i) {
+        SkippedSampleRecord s;
+        s.index = r.get<std::int64_t>("skipped index");
+        s.type_name = r.get_string("skipped type name");
+        s.message = r.get_string("skipped message");
+        m.skipped.push_back(std::move(s));
+      }
       out = std::move(m);
       break;
     }

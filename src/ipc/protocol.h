@@ -14,7 +14,7 @@
 
 namespace ferry::ipc {
 
-inline constexpr std::uint16_t kProtocolVersion = 2;
+inline constexpr std::uint16_t kProtocolVersion = 3;
 
 // ---- index channel: main to worker ----
 struct TaskMessage {  // load batch `sequence` of `epoch` (map-style: these indices)
@@ -42,6 +42,8 @@ struct SetupMessage {
   std::uint64_t keep_free_segments = 2;
   bool spin = false;
   std::uint64_t sample_timeout_ms = 0;
+  std::uint64_t worker_threads = 1;
+  bool skip_errors = false;  // on_error = skip
   std::int64_t parent_pid = 0;
   std::string dataset_config;  // Config::to_text()
   std::string collate_config;  // empty: default collate
@@ -59,6 +61,13 @@ struct FieldMeta {
   std::uint64_t nbytes = 0;
   std::vector<std::string> strings;  // string fields only
 };
+struct SkippedSampleRecord {  // on_error = skip: a sample left out of its batch, and why
+  std::int64_t index = -1;
+  std::string type_name;
+  std::string message;
+};
+// A batch whose every sample was skipped has num_samples = 0, no fields and no segment.
+inline constexpr std::uint64_t kNoSegment = ~std::uint64_t{0};
 struct BatchReadyMessage {  // batch `sequence` is in segment `segment_id` (its fd attached once)
   std::uint64_t epoch = 0;
   std::uint64_t sequence = 0;
@@ -68,6 +77,7 @@ struct BatchReadyMessage {  // batch `sequence` is in segment `segment_id` (its 
   std::vector<FieldMeta> fields;
   std::vector<std::int64_t> indices;
   std::vector<std::uint64_t> retired_segments;  // segments the worker has freed for good
+  std::vector<SkippedSampleRecord> skipped;
 };
 struct SampleErrorMessage {  // batch `sequence` failed; the worker goes on
   std::uint64_t epoch = 0;

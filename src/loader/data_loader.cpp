@@ -39,7 +39,22 @@ std::span<const std::int64_t> EpochPlan::batch(std::size_t k) const {
                                                       std::min(batch_size_, flat_.size() - start));
 }
 
+void LoaderState::record_skipped(std::uint64_t epoch,
+                                 const std::vector<workers::SkippedSample>& skipped) const {
+  if (skipped.empty()) return;
+  const std::lock_guard<std::mutex> lock(stats_mutex);
+  stats.skipped += skipped.size();
+  for (const auto& s : skipped) {
+    stats.skipped_samples.push_back({epoch, s.index, detail::str(s.type_name, ": ", s.message)});
+  }
+}
+
 Batch finish_batch(Batch batch, const LoaderState& state) {
+  {
+    const std::lock_guard<std::mutex> lock(state.stats_mutex);
+    ++state.stats.batches;
+    state.stats.samples += batch.size();
+  }
   if (state.pin) batch = batch.pin_memory();
   const auto& device = state.options.device;
   if (device && !device->is_cpu()) batch = batch.to(*device, /*non_blocking=*/state.pin);
@@ -65,23 +80,38 @@ void check_open(const LoaderState& state) {
 class InProcessMapEpoch final : public detail::EpochIterator {
  public:
   InProcessMapEpoch(std::shared_ptr<const LoaderState> state, std::uint64_t epoch)
-      : state_(std::move(state)), epoch_(epoch), plan_(*state_->batch_sampler, epoch) {}
+      : state_(std::move(state)),
+        epoch_(epoch),
+        plan_(*state_->batch_sampler, epoch),
+        size_(state_->dataset->size()) {
+    fetch_options_.threads = state_->options.worker_threads;
+    fetch_options_.skip_errors = state_->options.on_error == OnError::kSkip;
+  }
 
   std::optional<Batch> next() override {
-    check_open(*state_);
-    if (position_ >= plan_.size()) return std::nullopt;
-    const std::size_t sequence = position_++;  // past this batch even if it fails
-    const workers::WorkerIdentity who{0, 1, *state_->options.seed};
-    auto samples = workers::fetch_samples(*state_->dataset, plan_.batch(sequence), epoch_, who);
-    return finish_batch(workers::collate_samples(std::move(samples), state_->collate_fn,
-                                                 *state_->buffers, epoch_, sequence),
-                        *state_);
+    for (;;) {
+      check_open(*state_);
+      if (position_ >= plan_.size()) return std::nullopt;
+      const std::size_t sequence = position_++;  // past this batch even if it fails
+      const workers::WorkerIdentity who{0, 1, *state_->options.seed};
+      workers::FetchedBatch fetched =
+          workers::fetch_batch(*state_->dataset, size_, plan_.batch(sequence), epoch_, who,
+                               fetch_options_, nullptr);
+      state_->record_skipped(epoch_, fetched.skipped);
+      if (fetched.samples.empty()) continue;  // every sample was skipped
+      return finish_batch(workers::collate_samples(std::move(fetched.samples),
+                                                   state_->collate_fn, *state_->buffers, epoch_,
+                                                   sequence),
+                          *state_);
+    }
   }
 
  private:
   std::shared_ptr<const LoaderState> state_;
   std::uint64_t epoch_;
   detail::EpochPlan plan_;
+  std::size_t size_;
+  workers::FetchOptions fetch_options_;
   std::size_t position_ = 0;
 };
 
@@ -218,6 +248,12 @@ void check_iterable_options(const DataLoaderOptions& o) {
   FERRY_CHECK(!o.shuffle,
               "shuffle=true with an IterableDataset: an iterable dataset decides its "
               "own order; shuffle inside the dataset's stream and set shuffle=false");
+  FERRY_CHECK(o.on_error == OnError::kRaise,
+              "on_error=skip with an IterableDataset: a stream knows its own records, so skip "
+              "bad ones inside the stream; on_error=skip is for map-style datasets");
+  FERRY_CHECK(o.worker_threads == 1,
+              "worker_threads=", o.worker_threads, " with an IterableDataset: a stream is read "
+              "in order by one thread; parallelise inside the stream or use worker_threads=1");
 }
 
 }  // namespace
@@ -335,6 +371,11 @@ std::size_t DataLoader::size() const {
 void DataLoader::set_epoch(std::uint64_t epoch) noexcept { state_->next_epoch = epoch; }
 std::uint64_t DataLoader::epoch() const noexcept { return state_->next_epoch; }
 const DataLoaderOptions& DataLoader::options() const noexcept { return state_->options; }
+
+LoaderStats DataLoader::stats() const {
+  const std::lock_guard<std::mutex> lock(state_->stats_mutex);
+  return state_->stats;
+}
 
 DataLoader::Iterator::Iterator(std::shared_ptr<detail::EpochIterator> epoch)
     : epoch_(std::move(epoch)) {}

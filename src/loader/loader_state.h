@@ -8,12 +8,14 @@
 #include <vector>
 
 #include "ferry/collate.h"
+#include "ferry/data_loader.h"
 #include "ferry/data_loader_options.h"
 #include "ferry/dataset.h"
 #include "ferry/sampler.h"
 
 #include "collate/buffer_pool.h"
 #include "ipc/unique_fd.h"
+#include "workers/fetch.h"
 
 namespace ferry::detail {
 
@@ -50,6 +52,12 @@ struct LoaderState {
   std::shared_ptr<WorkerPool> persistent_pool;
   std::vector<std::weak_ptr<WorkerPool>> pools;  // every pool started, to stop them on close
   std::uint64_t next_token = 1;                  // identifies the epoch that owns a pool
+
+  // What was delivered and skipped, across epochs (DataLoader::stats()). Iterators update it
+  // through their const view of the state.
+  mutable std::mutex stats_mutex;
+  mutable LoaderStats stats;
+  void record_skipped(std::uint64_t epoch, const std::vector<workers::SkippedSample>& skipped) const;
 
   // Stops every worker of this loader; iterators then throw LoaderClosed. Idempotent, noexcept,
   // bounded by the shutdown grace.

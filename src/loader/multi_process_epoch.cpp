@@ -130,7 +130,8 @@ std::optional<Batch> MultiProcessEpoch::next_locked() {
     dispatch();              // released segments ride along with the tasks...
     pool_->send_recycles();  // ...or go on their own to workers that got none
     if (std::optional<Result> r = pop_result()) {
-      if (r->stream_end) continue;
+      state_->record_skipped(epoch_, r->skipped);
+      if (r->stream_end || r->empty) continue;
       if (r->error) std::rethrow_exception(r->error);
       return finish_batch(std::move(*r->batch), *state_);
     }
@@ -387,41 +388,49 @@ void MultiProcessEpoch::handle_message(WorkerSlot& w,
   if (auto* m = std::get_if<ipc::BatchReadyMessage>(&message)) {
     sequence = m->sequence;
     const bool current = complete(m->epoch, m->sequence);
-    std::shared_ptr<ipc::MappedRegion> mapping;
-    if (!fds.empty()) {
-      mapping = std::make_shared<ipc::MappedRegion>(
-          ipc::MappedRegion::map_shared(fds.front().get(), m->segment_size, true));
-      w.segments[m->segment_id] = mapping;
-    } else if (auto it = w.segments.find(m->segment_id); it != w.segments.end()) {
-      mapping = it->second;
+    if (m->segment_id == ipc::kNoSegment) {  // every sample was skipped: nothing to map
+      for (const auto id : m->retired_segments) w.segments.erase(id);
+      if (!current) return;
+      result.empty = true;
+      result.skipped = std::move(m->skipped);
     } else {
-      fail(std::make_exception_ptr(Error(detail::str(
-          "DataLoader worker ", w.id, " sent a batch in unknown segment ", m->segment_id))));
-    }
-    for (const auto id : m->retired_segments) w.segments.erase(id);
-    auto lease = std::make_shared<SegmentLease>();
-    lease->mapping = mapping;
-    lease->queue = pool_->recycle;
-    lease->worker = w.id;
-    lease->segment_id = m->segment_id;
-    if (!current) return;  // the lease recycles the segment as it goes
-    Batch batch(m->num_samples);
-    for (auto& f : m->fields) {
-      if (f.dtype < 0) {
-        batch.set(f.name, std::move(f.strings));
-        continue;
+      std::shared_ptr<ipc::MappedRegion> mapping;
+      if (!fds.empty()) {
+        mapping = std::make_shared<ipc::MappedRegion>(
+            ipc::MappedRegion::map_shared(fds.front().get(), m->segment_size, true));
+        w.segments[m->segment_id] = mapping;
+      } else if (auto it = w.segments.find(m->segment_id); it != w.segments.end()) {
+        mapping = it->second;
+      } else {
+        fail(std::make_exception_ptr(Error(detail::str(
+            "DataLoader worker ", w.id, " sent a batch in unknown segment ", m->segment_id))));
       }
-      if (f.offset + f.nbytes > mapping->size()) {
-        fail(std::make_exception_ptr(Error(detail::str("DataLoader worker ", w.id, ": field '",
-                                                       f.name, "' lies outside its segment"))));
+      for (const auto id : m->retired_segments) w.segments.erase(id);
+      auto lease = std::make_shared<SegmentLease>();
+      lease->mapping = mapping;
+      lease->queue = pool_->recycle;
+      lease->worker = w.id;
+      lease->segment_id = m->segment_id;
+      if (!current) return;  // the lease recycles the segment as it goes
+      result.skipped = std::move(m->skipped);
+      Batch batch(m->num_samples);
+      for (auto& f : m->fields) {
+        if (f.dtype < 0) {
+          batch.set(f.name, std::move(f.strings));
+          continue;
+        }
+        if (f.offset + f.nbytes > mapping->size()) {
+          fail(std::make_exception_ptr(Error(detail::str(
+              "DataLoader worker ", w.id, ": field '", f.name, "' lies outside its segment"))));
+        }
+        batch.set(f.name, at::from_blob(
+                              mapping->data() + f.offset, f.sizes, [lease](void*) {},
+                              at::TensorOptions().dtype(static_cast<c10::ScalarType>(f.dtype))));
       }
-      batch.set(f.name, at::from_blob(
-                            mapping->data() + f.offset, f.sizes, [lease](void*) {},
-                            at::TensorOptions().dtype(static_cast<c10::ScalarType>(f.dtype))));
+      batch.set_indices(std::move(m->indices));
+      batch.set_position(epoch_, m->sequence);
+      result.batch = std::move(batch);
     }
-    batch.set_indices(std::move(m->indices));
-    batch.set_position(epoch_, m->sequence);
-    result.batch = std::move(batch);
   } else if (auto* m = std::get_if<ipc::SampleErrorMessage>(&message)) {
     sequence = m->sequence;
     const bool current = complete(m->epoch, m->sequence);

@@ -34,6 +34,8 @@ class MultiProcessEpoch final : public EpochIterator {
     std::optional<Batch> batch;
     std::exception_ptr error;
     bool stream_end = false;  // iterable: the worker's stream ended; nothing to deliver
+    bool empty = false;       // every sample of the batch was skipped; nothing to deliver
+    std::vector<workers::SkippedSample> skipped;
     std::size_t worker = 0;
   };
 

@@ -66,6 +66,8 @@ void WorkerPool::start_worker() {
   spec.parent_pid = ::getpid();
   spec.spin = o.num_workers < std::thread::hardware_concurrency();
   spec.sample_timeout = o.sample_timeout;
+  spec.worker_threads = o.worker_threads;
+  spec.skip_errors = o.on_error == OnError::kSkip;
   if (*o.start_method != StartMethod::kFork) {
     start_fresh_worker(spec, std::move(main_index), std::move(main_data), std::move(worker_index),
                        std::move(worker_data));
