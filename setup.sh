@@ -20,7 +20,12 @@ esac
 
 build_dir="${FERRY_BUILD_DIR:-build}"
 jobs="$(nproc)"
-packages=(cmake g++ ninja-build libtorch-dev libgtest-dev libgmock-dev)
+packages=(cmake g++ ninja-build libtorch-dev libgtest-dev libgmock-dev
+          libopencv-dev libjpeg-dev libpng-dev libtbb-dev)
+# The vision tests compare against torchvision, run by Debian's Python.
+if [ "$mode" = test ]; then
+  packages+=(python3-torchvision python3-pil)
+fi
 
 missing=()
 for pkg in "${packages[@]}"; do

@@ -18,9 +18,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
+#include <random>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -28,6 +31,9 @@
 #include <utility>
 #include <vector>
 
+#include <opencv2/core.hpp>
+#include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
 #include <torch/data.h>
 #include <torch/version.h>
 
@@ -44,7 +50,7 @@ double seconds_since(Clock::time_point start) {
 // ---------------------------------------------------------------------------------------------
 // Workloads
 
-enum class Workload { kTiny, kTensor, kTensorView };
+enum class Workload { kTiny, kTensor, kTensorView, kJpeg };
 
 constexpr std::int64_t kChannels = 3;
 constexpr std::int64_t kHeight = 224;
@@ -60,18 +66,25 @@ std::string_view name(Workload w) {
       return "tensor";
     case Workload::kTensorView:
       return "tensor-view";
+    case Workload::kJpeg:
+      return "jpeg";
   }
   return "?";
 }
 
 std::optional<Workload> parse_workload(std::string_view s) {
-  for (Workload w : {Workload::kTiny, Workload::kTensor, Workload::kTensorView}) {
+  for (Workload w : {Workload::kTiny, Workload::kTensor, Workload::kTensorView, Workload::kJpeg}) {
     if (s == name(w)) return w;
   }
   return std::nullopt;
 }
 
-std::size_t batch_size(Workload w) { return w == Workload::kTiny ? 1 : kTensorBatch; }
+constexpr std::size_t kJpegBatch = 32;
+
+std::size_t batch_size(Workload w) {
+  if (w == Workload::kJpeg) return kJpegBatch;
+  return w == Workload::kTiny ? 1 : kTensorBatch;
+}
 
 // Bytes of batch payload: the int64 labels (or values) and the images. MB below is 10^6 bytes,
 // as in pytorch_peer.py: a tensor batch is 38.5 MB.
@@ -116,6 +129,151 @@ class FerryImages : public ferry::Dataset {
   torch::Tensor stored_;
 };
 
+// ---- jpeg: an ImageFolder of photo-sized JPEGs ----
+//
+// Generated once into --jpeg-dir: 500x375, quality 90, photo-like content (smooth gradients,
+// overlapping shapes with soft edges, fine texture and sensor-like noise), in 4 class folders.
+// Pipeline: RandomResizedCrop(224), RandomHorizontalFlip, ToTensor, Normalize; batch_size 32.
+
+struct JpegData {
+  std::string dir;
+  std::vector<std::string> files;  // sorted as ImageFolder walks them
+  double mean_bytes = 0;
+};
+
+JpegData g_jpeg;  // set in main when the jpeg workload runs
+
+const std::vector<double> kImagenetMean{0.485, 0.456, 0.406};
+const std::vector<double> kImagenetStd{0.229, 0.224, 0.225};
+
+cv::Mat photo_like(std::uint32_t seed) {
+  cv::RNG rng(seed);
+  constexpr int w = 500;
+  constexpr int h = 375;
+  cv::Mat img(h, w, CV_32FC3);
+  const cv::Vec3f a(rng.uniform(0.f, 255.f), rng.uniform(0.f, 255.f), rng.uniform(0.f, 255.f));
+  const cv::Vec3f b(rng.uniform(0.f, 255.f), rng.uniform(0.f, 255.f), rng.uniform(0.f, 255.f));
+  for (int y = 0; y < h; ++y) {
+    for (int x = 0; x < w; ++x) {
+      const float t = 0.5f * (static_cast<float>(x) / w + static_cast<float>(y) / h);
+      img.at<cv::Vec3f>(y, x) = a * (1 - t) + b * t;
+    }
+  }
+  for (int i = 0; i < 40; ++i) {
+    const cv::Scalar colour(rng.uniform(0, 255), rng.uniform(0, 255), rng.uniform(0, 255));
+    const cv::Point centre(rng.uniform(0, w), rng.uniform(0, h));
+    if (i % 3 == 0) {
+      cv::rectangle(img, centre, centre + cv::Point(rng.uniform(10, 150), rng.uniform(10, 150)),
+                    colour, cv::FILLED, cv::LINE_AA);
+    } else {
+      cv::ellipse(img, centre, cv::Size(rng.uniform(5, 120), rng.uniform(5, 120)),
+                  rng.uniform(0, 180), 0, 360, colour, cv::FILLED, cv::LINE_AA);
+    }
+  }
+  cv::GaussianBlur(img, img, cv::Size(0, 0), 1.2);
+  cv::Mat texture(h, w, CV_32FC3);
+  cv::randn(texture, cv::Scalar::all(0), cv::Scalar::all(14));
+  cv::GaussianBlur(texture, texture, cv::Size(0, 0), 0.8);
+  cv::Mat noise(h, w, CV_32FC3);
+  cv::randn(noise, cv::Scalar::all(0), cv::Scalar::all(4));
+  img += texture + noise;
+  cv::Mat out;
+  img.convertTo(out, CV_8UC3);
+  return out;
+}
+
+JpegData prepare_jpeg_data(const std::string& dir, std::size_t count) {
+  namespace fs = std::filesystem;
+  JpegData data{dir, {}, 0};
+  const fs::path marker = fs::path(dir) / (".complete_" + std::to_string(count));
+  if (!fs::exists(marker)) {
+    std::fprintf(stderr, "generating %zu JPEGs (500x375, quality 90) in %s ...\n", count,
+                 dir.c_str());
+    fs::remove_all(dir);
+    for (std::size_t i = 0; i < count; ++i) {
+      const fs::path path = fs::path(dir) / ("class" + std::to_string(i % 4)) /
+                            (std::to_string(100000 + i) + ".jpg");
+      fs::create_directories(path.parent_path());
+      if (!cv::imwrite(path.string(), photo_like(static_cast<std::uint32_t>(i)),
+                       {cv::IMWRITE_JPEG_QUALITY, 90})) {
+        throw std::runtime_error("cannot write " + path.string());
+      }
+    }
+    std::ofstream(marker) << count << "\n";
+  }
+  for (const auto& entry : fs::recursive_directory_iterator(dir)) {
+    if (entry.path().extension() == ".jpg") data.files.push_back(entry.path().string());
+  }
+  std::sort(data.files.begin(), data.files.end());
+  if (data.files.empty()) throw std::runtime_error("no JPEGs in " + dir);
+  double total = 0;
+  for (const auto& f : data.files) total += static_cast<double>(fs::file_size(f));
+  data.mean_bytes = total / static_cast<double>(data.files.size());
+  return data;
+}
+
+// OpenCV's full-resolution decode alone, on one thread: the decode-only rate per core.
+double decode_only_rate(const JpegData& data, double seconds) {
+  std::vector<std::vector<unsigned char>> bytes;
+  for (const auto& f : data.files) {
+    std::ifstream in(f, std::ios::binary);
+    bytes.emplace_back(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  const int previous = cv::getNumThreads();
+  cv::setNumThreads(1);
+  std::size_t n = 0;
+  const auto start = Clock::now();
+  while (seconds_since(start) < seconds) {
+    const cv::Mat img = cv::imdecode(bytes[n % bytes.size()], cv::IMREAD_COLOR);
+    if (img.empty()) throw std::runtime_error("OpenCV could not decode a benchmark JPEG");
+    ++n;
+  }
+  const double rate = static_cast<double>(n) / seconds_since(start);
+  cv::setNumThreads(previous);
+  return rate;
+}
+
+// LibTorch's thread loader with the same steps in OpenCV: decode, RandomResizedCrop's box (the
+// same ten tries and fallback, from a per-sample std::mt19937), cv::resize (INTER_AREA when
+// shrinking, as an antialiased resize), flip, then to float, normalised, C x H x W.
+class LibTorchJpeg : public torch::data::datasets::Dataset<LibTorchJpeg> {
+ public:
+  torch::data::Example<> get(std::size_t index) override {
+    const std::string& path = g_jpeg.files[index % g_jpeg.files.size()];
+    cv::Mat bgr = cv::imread(path, cv::IMREAD_COLOR);
+    if (bgr.empty()) throw std::runtime_error("cannot decode " + path);
+    cv::Mat rgb;
+    cv::cvtColor(bgr, rgb, cv::COLOR_BGR2RGB);
+    std::mt19937 gen(static_cast<std::uint32_t>(index));
+    std::uniform_real_distribution<double> unit(0.0, 1.0);
+    const double area = static_cast<double>(rgb.rows) * rgb.cols;
+    cv::Rect box(0, 0, rgb.cols, rgb.rows);
+    for (int attempt = 0; attempt < 10; ++attempt) {
+      const double target = area * (0.08 + 0.92 * unit(gen));
+      const double ratio = std::exp(std::log(3.0 / 4.0) + unit(gen) * std::log(16.0 / 9.0));
+      const int w = static_cast<int>(std::lround(std::sqrt(target * ratio)));
+      const int h = static_cast<int>(std::lround(std::sqrt(target / ratio)));
+      if (w > 0 && w <= rgb.cols && h > 0 && h <= rgb.rows) {
+        box = cv::Rect(static_cast<int>(unit(gen) * (rgb.cols - w + 1)),
+                       static_cast<int>(unit(gen) * (rgb.rows - h + 1)), w, h);
+        break;
+      }
+    }
+    cv::Mat resized;
+    const bool shrink = box.width > 224 && box.height > 224;
+    cv::resize(rgb(box), resized, cv::Size(224, 224), 0, 0,
+               shrink ? cv::INTER_AREA : cv::INTER_LINEAR);
+    if (unit(gen) < 0.5) cv::flip(resized, resized, 1);
+    cv::Mat f;
+    resized.convertTo(f, CV_32FC3, 1.0 / 255.0);
+    torch::Tensor t = torch::from_blob(f.data, {224, 224, 3}, torch::kFloat32).permute({2, 0, 1});
+    t = (t - torch::tensor(kImagenetMean, torch::kFloat32).view({3, 1, 1})) /
+        torch::tensor(kImagenetStd, torch::kFloat32).view({3, 1, 1});
+    return {t.contiguous(), torch::scalar_tensor(static_cast<std::int64_t>(index % 4))};
+  }
+  torch::optional<std::size_t> size() const override { return 1'000'000'000; }
+};
+
 // The two datasets as registered types, so spawn and forkserver workers can rebuild them.
 void register_bench_types() {
   auto& r = ferry::Registry::global();
@@ -132,6 +290,19 @@ void register_bench_types() {
 }
 
 std::shared_ptr<ferry::Dataset> make_ferry_dataset(Workload w, std::size_t samples) {
+  if (w == Workload::kJpeg) {
+    using ferry::Config;
+    return ferry::Registry::global().make_dataset(Config::map(
+        {{"type", "image_folder"},
+         {"root", g_jpeg.dir},
+         {"transforms",
+          Config::list({Config::map({{"type", "random_resized_crop"}, {"size", 224}}),
+                        Config::map({{"type", "random_horizontal_flip"}}),
+                        Config::map({{"type", "to_tensor"}}),
+                        Config::map({{"type", "normalize"},
+                                     {"mean", Config::list({0.485, 0.456, 0.406})},
+                                     {"std", Config::list({0.229, 0.224, 0.225})}})})}}));
+  }
   if (w == Workload::kTiny) {
     return ferry::Registry::global().make_dataset(
         ferry::Config::map({{"type", "bench.tiny"}, {"size", samples}}));
@@ -222,10 +393,18 @@ auto ferry_opener(Workload w,
   // Built through the registry, as spawn needs, and before the clock starts (as the peer does).
   std::shared_ptr<const ferry::Dataset> dataset = make_ferry_dataset(w, capacity * batch_size(w));
   return [=] {
-    auto loader = std::make_shared<ferry::DataLoader>(
-        dataset,
-        ferry::DataLoaderOptions{
-            .batch_size = batch_size(w), .num_workers = num_workers, .start_method = method});
+    const ferry::DataLoaderOptions options{
+        .batch_size = batch_size(w), .num_workers = num_workers, .start_method = method};
+    // jpeg: a few hundred files, drawn with replacement for as many samples as the run needs.
+    auto loader =
+        w == Workload::kJpeg
+            ? std::make_shared<ferry::DataLoader>(
+                  dataset, options,
+                  std::make_shared<ferry::RandomSampler>(
+                      dataset->size(), 0,
+                      ferry::RandomSampler::Options{.replacement = true,
+                                                    .num_samples = capacity * batch_size(w)}))
+            : std::make_shared<ferry::DataLoader>(dataset, options);
     ferry::DataLoader::Iterator it = loader->begin();
     bool started = false;
     return [loader, it, started]() mutable {
@@ -246,7 +425,7 @@ Run run_ferry(Workload w, std::size_t num_workers, const Budget& budget) {
   if (budget.batches) {
     return measure(ferry_opener(w, num_workers, 1 + warmup + *budget.batches), warmup, budget);
   }
-  const std::size_t probe_batches = w == Workload::kTiny ? 2000 : 16;
+  const std::size_t probe_batches = w == Workload::kTiny ? 2000 : w == Workload::kJpeg ? 6 : 16;
   const Run probe = measure(ferry_opener(w, num_workers, 1 + warmup + probe_batches), warmup,
                             Budget{.batches = probe_batches});
   constexpr double kMaxBatches = 4e6;  // bounds the index lists ferry's sampler builds
@@ -278,6 +457,11 @@ auto libtorch_opener(std::size_t num_workers, Dataset dataset, std::size_t batch
 
 Run run_libtorch(Workload w, std::size_t num_workers, const Budget& budget) {
   const std::size_t warmup = warmup_batches(num_workers);
+  if (w == Workload::kJpeg) {
+    return measure(libtorch_opener<LibTorchJpeg, torch::data::Example<>>(num_workers, LibTorchJpeg(),
+                                                                          batch_size(w)),
+                   warmup, budget);
+  }
   if (w == Workload::kTiny) {
     return measure(libtorch_opener<LibTorchTiny, torch::data::TensorExample>(
                        num_workers, LibTorchTiny(), batch_size(w)),
@@ -310,6 +494,10 @@ std::optional<double> throughput(const Cell& cell, Workload w) {
   if (cell.runs.empty()) return std::nullopt;
   std::vector<double> values;
   for (const Run& r : cell.runs) {
+    if (w == Workload::kJpeg) {
+      values.push_back(r.batches_per_s() * static_cast<double>(kJpegBatch));  // images/s
+      continue;
+    }
     values.push_back(w == Workload::kTiny
                          ? r.batches_per_s()
                          : r.batches_per_s() * static_cast<double>(payload_bytes(w)) / 1e6);
@@ -384,6 +572,7 @@ PeerResults run_pytorch_peer(const std::string& python,
   for (std::size_t i = 0; i < workloads.size(); ++i) {
     command += (i ? "," : "") + std::string(name(workloads[i]));
   }
+  if (!g_jpeg.dir.empty()) command += " --image-root " + shell_quote(g_jpeg.dir);
   command += " --num-workers ";
   for (std::size_t i = 0; i < workers.size(); ++i) {
     command += (i ? "," : "") + std::to_string(workers[i]);
@@ -489,7 +678,8 @@ void print_table(const std::vector<std::string>& header,
 // Command line
 
 struct Args {
-  std::vector<Workload> workloads{Workload::kTiny, Workload::kTensor, Workload::kTensorView};
+  std::vector<Workload> workloads{Workload::kTiny, Workload::kTensor, Workload::kTensorView,
+                                  Workload::kJpeg};
   std::vector<std::size_t> workers{1, 2};
   Budget budget;
   int repeat = 1;
@@ -498,6 +688,8 @@ struct Args {
   bool startup = false;
   std::string peer;
   std::string python = "/usr/bin/python3";
+  std::string jpeg_dir = (std::filesystem::temp_directory_path() / "ferry_bench_jpeg").string();
+  std::size_t jpeg_images = 512;
 };
 
 std::string default_peer() {
@@ -513,11 +705,11 @@ std::string default_peer() {
 }
 
 constexpr const char* kUsage =
-    "usage: ferry_loader_bench [--workloads tiny,tensor,tensor-view] [--workers 1,2]\n"
+    "usage: ferry_loader_bench [--workloads tiny,tensor,tensor-view,jpeg] [--workers 1,2]\n"
     "                          [--seconds S | --batches N] [--repeat R] [--markdown]\n"
     "                          [--no-peers] [--peer PATH] [--python PATH] [--startup]\n"
     "Loader throughput of ferry, PyTorch (pytorch_peer.py) and LibTorch's torch::data loader.\n"
-    "  --workloads   comma list (default: all three)\n"
+    "  --workloads   comma list (default: all four)\n"
     "  --workers     comma list of num_workers (default: 1,2)\n"
     "  --seconds S   time each run for S seconds (default: 2)\n"
     "  --batches N   time each run for N batches instead\n"
@@ -527,7 +719,9 @@ constexpr const char* kUsage =
     "  --startup     only time to first batch, for each start method (fork, forkserver,\n"
     "                spawn) against PyTorch's fork and spawn (default workers: 2)\n"
     "  --peer PATH   pytorch_peer.py (default: next to this benchmark's source)\n"
-    "  --python PATH the Python with torch (default: /usr/bin/python3)\n";
+    "  --python PATH the Python with torch (default: /usr/bin/python3)\n"
+    "  --jpeg-dir D  where the jpeg workload's images are generated (default: $TMPDIR/\n"
+    "                ferry_bench_jpeg); --jpeg-images N of them (default 512)\n";
 
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string> out;
@@ -575,7 +769,7 @@ Args parse_args(int argc, char** argv) {
       args.workloads.clear();
       for (const std::string& s : split(value())) {
         const auto w = parse_workload(s);
-        if (!w) usage_error("--workloads " + s + ": expected tiny, tensor or tensor-view");
+        if (!w) usage_error("--workloads " + s + ": expected tiny, tensor, tensor-view or jpeg");
         args.workloads.push_back(*w);
       }
       if (args.workloads.empty()) usage_error("--workloads: give at least one");
@@ -605,6 +799,10 @@ Args parse_args(int argc, char** argv) {
       args.peer = value();
     } else if (option == "--python") {
       args.python = value();
+    } else if (option == "--jpeg-dir") {
+      args.jpeg_dir = value();
+    } else if (option == "--jpeg-images") {
+      args.jpeg_images = parse_count(option, value(), 8);
     } else {
       usage_error("unknown option " + option);
     }
@@ -713,6 +911,13 @@ int main(int argc, char** argv) {
   register_bench_types();
   ferry::init(argc, argv);  // spawned workers are copies of this program
   const Args args = parse_args(argc, argv);
+  const bool jpeg = std::find(args.workloads.begin(), args.workloads.end(), Workload::kJpeg) !=
+                    args.workloads.end();
+  double decode_only = 0;
+  if (jpeg) {
+    g_jpeg = prepare_jpeg_data(args.jpeg_dir, args.jpeg_images);
+    decode_only = decode_only_rate(g_jpeg, 2.0);
+  }
   if (args.startup) return run_startup(args);
 
   std::vector<Row> rows;
@@ -771,7 +976,7 @@ int main(int argc, char** argv) {
     const auto l = throughput(row.libtorch, w);
     const int decimals = 0;
     table.push_back({std::string(name(w)), std::to_string(row.config.num_workers),
-                     w == Workload::kTiny ? "batches/s" : "MB/s",
+                     w == Workload::kTiny ? "batches/s" : w == Workload::kJpeg ? "images/s" : "MB/s",
                      format_value(row.ferry, f, decimals), format_value(row.pytorch, p, decimals),
                      format_value(row.libtorch, l, decimals), format_ratio(f, p),
                      format_ratio(f, l)});
@@ -779,6 +984,20 @@ int main(int argc, char** argv) {
   print_table({"workload", "workers", "unit", "ferry", "pytorch", "libtorch-threads",
                "ferry/pytorch", "ferry/libtorch"},
               table, 3, args.markdown);
+
+  if (jpeg) {
+    std::printf("\n%sjpeg: %zu files in %s, %.0f KB on average; OpenCV's full-resolution decode "
+                "alone: %.0f images/s on one core\n",
+                args.markdown ? "" : "# ", g_jpeg.files.size(), g_jpeg.dir.c_str(),
+                g_jpeg.mean_bytes / 1024.0, decode_only);
+    for (const Row& row : rows) {
+      if (row.config.workload != Workload::kJpeg || row.config.num_workers != 1) continue;
+      if (const auto f = throughput(row.ferry, Workload::kJpeg)) {
+        std::printf("%sferry with 1 worker: %.2fx the decode-only rate\n",
+                    args.markdown ? "" : "# ", *f / decode_only);
+      }
+    }
+  }
 
   // Time to first batch (construction to first batch), 2 workers; every count if 2 is absent.
   const bool have_two =

@@ -13,6 +13,9 @@ Workloads (the same as ferry's; MB = 10**6 bytes of batch payload):
   tensor       a fresh clone of one stored float32 3x224x224 tensor plus an int label per sample,
                batch_size=64 (38.5 MB a batch): MB/s.
   tensor-view  as tensor, but the stored tensor itself is returned, not a clone.
+  jpeg         torchvision's ImageFolder over --image-root with RandomResizedCrop(224),
+               RandomHorizontalFlip, ToTensor, Normalize (PIL decoding), batch_size=32, files
+               drawn with replacement: images/s (batches_per_s * 32).
 
 Each configuration runs in a fresh DataLoader (persistent_workers=False). first_batch_s is the
 time from constructing the DataLoader (and iter()) to the first batch; then a few warm-up batches
@@ -54,8 +57,19 @@ class TensorDataset(Dataset):
         return {"image": image, "label": index}
 
 
-def make(workload):
+JPEG_BATCH = 32
+
+
+def make(workload, image_root=None):
     """(dataset, batch_size, payload bytes per batch)."""
+    if workload == "jpeg":
+        import torchvision
+        import torchvision.transforms as T
+        transform = T.Compose([T.RandomResizedCrop(224), T.RandomHorizontalFlip(), T.ToTensor(),
+                               T.Normalize(mean=[0.485, 0.456, 0.406],
+                                           std=[0.229, 0.224, 0.225])])
+        dataset = torchvision.datasets.ImageFolder(image_root, transform=transform)
+        return dataset, JPEG_BATCH, JPEG_BATCH * (4 * 3 * 224 * 224 + 8)
     if workload == "tiny":
         return TinyDataset(), 1, 8
     image_bytes = 4 * IMAGE_SHAPE[0] * IMAGE_SHAPE[1] * IMAGE_SHAPE[2]
@@ -68,9 +82,12 @@ def warmup_batches(num_workers):
     return max(3, 2 * num_workers)
 
 
-def run_once(workload, num_workers, batches, seconds, start_method):
-    dataset, batch_size, payload = make(workload)
+def run_once(workload, num_workers, batches, seconds, start_method, image_root=None):
+    dataset, batch_size, payload = make(workload, image_root)
     kwargs = {}
+    if workload == "jpeg":
+        kwargs["sampler"] = torch.utils.data.RandomSampler(dataset, replacement=True,
+                                                           num_samples=ENDLESS)
     if num_workers > 0:
         kwargs["multiprocessing_context"] = start_method
     start = time.perf_counter()
@@ -135,14 +152,17 @@ def main(argv=None):
     group.add_argument("--seconds", type=float, help="time batches for this long instead")
     parser.add_argument("--repeat", type=int, default=1, help="runs per configuration")
     parser.add_argument("--start-method", choices=["fork", "spawn"], default="fork")
+    parser.add_argument("--image-root", help="the jpeg workload's ImageFolder")
     args = parser.parse_args(argv)
 
     workloads = []
     for value in args.workload or ["tiny"]:
         workloads += [w.strip() for w in value.split(",") if w.strip()]
     for w in workloads:
-        if w not in ("tiny", "tensor", "tensor-view"):
-            parser.error(f"--workload {w}: expected tiny, tensor or tensor-view")
+        if w not in ("tiny", "tensor", "tensor-view", "jpeg"):
+            parser.error(f"--workload {w}: expected tiny, tensor, tensor-view or jpeg")
+        if w == "jpeg" and not args.image_root:
+            parser.error("--workload jpeg needs --image-root")
     counts = worker_counts(args.num_workers or ["0"])
     if args.batches is None and args.seconds is None:
         args.batches = 200
@@ -154,7 +174,7 @@ def main(argv=None):
         for num_workers in counts:
             for _ in range(max(1, args.repeat)):
                 result = run_once(workload, num_workers, args.batches, args.seconds,
-                                  args.start_method)
+                                  args.start_method, args.image_root)
                 print(json.dumps(result), flush=True)
     return 0
 

@@ -37,7 +37,7 @@ class Negate : public Transform {
 
 Registry make_registry() {
   Registry r;
-  register_builtins(r);
+  register_core_types(r);
   r.add_dataset({.name = "constant",
                  .summary = "a constant",
                  .keys = {{.name = "size", .type = ValueType::kInt, .required = true, .min = 0},
@@ -65,6 +65,18 @@ TEST(Registry, ResolveFillsDefaultsInTheTypesKeyOrder) {
   // A type name alone is a node too.
   EXPECT_EQ(r.resolve(ComponentKind::kSampler, Config("sequential"), "s").to_text(),
             R"({"type":"sequential"})");
+}
+
+TEST(Registry, OneValueStandsForAListOfOne) {
+  const Registry r = make_registry();
+  // As torchvision's size=224 for size=[224].
+  const Config c = r.resolve(ComponentKind::kDataset,
+                             Config::map({{"type", "constant"}, {"size", 1}, {"tags", "a"}}), "d");
+  const Config* tags = c.find("tags");
+  ASSERT_NE(tags, nullptr);
+  ASSERT_TRUE(tags->is_list());
+  ASSERT_EQ(tags->items().size(), 1u);
+  EXPECT_EQ(tags->items()[0].scalar(), "a");
 }
 
 TEST(Registry, EveryBadNodeIsAConfigErrorNamingPathKeyAndFix) {
@@ -107,9 +119,9 @@ TEST(Registry, EveryBadNodeIsAConfigErrorNamingPathKeyAndFix) {
       ThrowsMessage<ConfigError>(HasSubstr("expected one of fast, slow, found 'warp'")));
   EXPECT_THAT(
       [&] {
-        resolve(Config::map({{"type", "constant"}, {"size", 1}, {"tags", "a"}}));
+        resolve(Config::map({{"type", "constant"}, {"size", 1}, {"tags", Config::map({{"a", 1}})}}));
       },
-      ThrowsMessage<ConfigError>(HasSubstr("expected list of string, found 'a'")));
+      ThrowsMessage<ConfigError>(HasSubstr("expected list of string (or one string), found")));
   EXPECT_THAT([&] { resolve(Config::list({1})); },
               ThrowsMessage<ConfigError>(HasSubstr("a map with a 'type' key")));
   Config marked("constnat");

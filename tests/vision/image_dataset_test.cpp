@@ -328,6 +328,34 @@ TEST_P(Skip, RaiseNamesTheSampleAndGoesOn) {
 INSTANTIATE_TEST_SUITE_P(Workers, Skip, ::testing::Values(0, 2),
                          [](const auto& info) { return "num_workers_" + std::to_string(info.param); });
 
+// The README's example, as written there.
+TEST(Pipeline, TheReadmeExampleRuns) {
+  Scratch s;
+  for (int i = 0; i < 6; ++i) {
+    s.copy("rgb_500x375.jpg", fs::path(i % 2 ? "cat" : "dog") / ("p" + std::to_string(i) + ".jpg"));
+  }
+  namespace fv = ferry::vision;
+  auto train = std::make_shared<fv::ImageFolder>(s.path().string(), fv::ImageFolder::Options{{
+      .transforms = {
+          std::make_shared<fv::RandomResizedCrop>(fv::RandomResizedCrop::Options{.size = {224}}),
+          std::make_shared<fv::RandomHorizontalFlip>(),
+          std::make_shared<fv::ToTensor>(),
+          std::make_shared<fv::Normalize>(std::vector{0.485, 0.456, 0.406},
+                                          std::vector{0.229, 0.224, 0.225})}}});
+  ferry::DataLoader loader(train, {.batch_size = 4, .shuffle = true, .num_workers = 2});
+  std::vector<std::int64_t> labels;
+  for (auto& batch : loader) {
+    EXPECT_EQ(batch["image"].sizes()[1], 3);
+    EXPECT_EQ(batch["image"].sizes()[2], 224);
+    EXPECT_EQ(batch["image"].scalar_type(), torch::kFloat32);
+    for (std::int64_t i = 0; i < batch["label"].numel(); ++i) {
+      labels.push_back(batch["label"][i].item<std::int64_t>());
+    }
+  }
+  std::sort(labels.begin(), labels.end());
+  EXPECT_EQ(labels, (std::vector<std::int64_t>{0, 0, 0, 1, 1, 1}));
+}
+
 // A training pipeline built from configuration, as YAML will: the same batches with 0 or 2
 // workers, fork or spawn (a fresh ferry-worker rebuilding it), 1 or 3 worker_threads.
 TEST(Pipeline, BatchesIdenticalAcrossWorkersStartMethodsAndWorkerThreads) {

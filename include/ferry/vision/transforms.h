@@ -174,6 +174,15 @@ class RandomFlip : public ImageTransform {
   double p_;
 };
 
+class RandomHorizontalFlip : public RandomFlip {
+ public:
+  explicit RandomHorizontalFlip(double p = 0.5) : RandomFlip(true, p) {}
+};
+class RandomVerticalFlip : public RandomFlip {
+ public:
+  explicit RandomVerticalFlip(double p = 0.5) : RandomFlip(false, p) {}
+};
+
 /// torchvision.transforms.ColorJitter: each factor is drawn uniformly from
 /// [max(0, 1 - x), 1 + x] (hue from [-x, x]) and applied in a random order, with Pillow's
 /// arithmetic. 0 leaves that property alone.
