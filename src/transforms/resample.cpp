@@ -76,8 +76,52 @@ inline std::uint8_t clip8(std::int32_t v) {
   return static_cast<std::uint8_t>(std::clamp(v >> kPrecisionBits, 0, 255));
 }
 
+// The same coefficients with exactly `ksize` taps per output pixel: a window that would run
+// past the right edge starts earlier, with zero weights in front. Integer sums are unchanged,
+// and a fixed tap count lets the compiler unroll the inner loops.
+Coefficients fixed_taps(const Coefficients& c, int in_size) {
+  Coefficients f;
+  f.ksize = c.ksize;
+  f.first.resize(c.first.size());
+  f.count.assign(c.count.size(), c.ksize);
+  f.weights.assign(c.weights.size(), 0);
+  for (std::size_t i = 0; i < c.first.size(); ++i) {
+    const int start = std::min(c.first[i], in_size - c.ksize);
+    const int shift = c.first[i] - start;
+    f.first[i] = start;
+    for (int t = 0; t < c.count[i]; ++t) {
+      f.weights[i * c.ksize + shift + t] = c.weights[i * c.ksize + t];
+    }
+  }
+  return f;
+}
+
+template <int C, int KS>
+void horizontal_fixed(const cv::Mat& src, cv::Mat& dst, int row0, const Coefficients& c) {
+  for (int y = 0; y < dst.rows; ++y) {
+    const std::uint8_t* __restrict in = src.ptr<std::uint8_t>(row0 + y);
+    std::uint8_t* __restrict out = dst.ptr<std::uint8_t>(y);
+    for (int xx = 0; xx < dst.cols; ++xx) {
+      const std::int32_t* k = &c.weights[static_cast<std::size_t>(xx) * KS];
+      const std::uint8_t* p = in + c.first[static_cast<std::size_t>(xx)] * C;
+      std::int32_t ss[C];
+      for (int ch = 0; ch < C; ++ch) ss[ch] = 1 << (kPrecisionBits - 1);
+      for (int x = 0; x < KS; ++x) {
+        for (int ch = 0; ch < C; ++ch) ss[ch] += p[x * C + ch] * k[x];
+      }
+      for (int ch = 0; ch < C; ++ch) out[xx * C + ch] = clip8(ss[ch]);
+    }
+  }
+}
+
 template <int C>
 void horizontal(const cv::Mat& src, cv::Mat& dst, int row0, const Coefficients& c) {
+  if (src.cols >= c.ksize && (c.ksize == 3 || c.ksize == 5 || c.ksize == 7)) {
+    const Coefficients f = fixed_taps(c, src.cols);
+    if (c.ksize == 3) return horizontal_fixed<C, 3>(src, dst, row0, f);
+    if (c.ksize == 5) return horizontal_fixed<C, 5>(src, dst, row0, f);
+    return horizontal_fixed<C, 7>(src, dst, row0, f);
+  }
   for (int y = 0; y < dst.rows; ++y) {
     const std::uint8_t* in = src.ptr<std::uint8_t>(row0 + y);
     std::uint8_t* out = dst.ptr<std::uint8_t>(y);
@@ -99,18 +143,19 @@ template <int C>
 void vertical(const cv::Mat& src, cv::Mat& dst, int row_shift, const Coefficients& c) {
   const int width = dst.cols * C;
   std::vector<std::int32_t> acc(static_cast<std::size_t>(width));
+  std::int32_t* __restrict a = acc.data();
   for (int yy = 0; yy < dst.rows; ++yy) {
     const std::int32_t* k = &c.weights[static_cast<std::size_t>(yy) * c.ksize];
     const int first = c.first[static_cast<std::size_t>(yy)] - row_shift;
     const int n = c.count[static_cast<std::size_t>(yy)];
     std::fill(acc.begin(), acc.end(), 1 << (kPrecisionBits - 1));
     for (int y = 0; y < n; ++y) {
-      const std::uint8_t* in = src.ptr<std::uint8_t>(first + y);
+      const std::uint8_t* __restrict in = src.ptr<std::uint8_t>(first + y);
       const std::int32_t w = k[y];
-      for (int i = 0; i < width; ++i) acc[static_cast<std::size_t>(i)] += in[i] * w;
+      for (int i = 0; i < width; ++i) a[i] += in[i] * w;
     }
-    std::uint8_t* out = dst.ptr<std::uint8_t>(yy);
-    for (int i = 0; i < width; ++i) out[i] = clip8(acc[static_cast<std::size_t>(i)]);
+    std::uint8_t* __restrict out = dst.ptr<std::uint8_t>(yy);
+    for (int i = 0; i < width; ++i) out[i] = clip8(a[i]);
   }
 }
 
