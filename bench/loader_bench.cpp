@@ -172,10 +172,10 @@ cv::Mat photo_like(std::uint32_t seed) {
   }
   cv::GaussianBlur(img, img, cv::Size(0, 0), 1.2);
   cv::Mat texture(h, w, CV_32FC3);
-  cv::randn(texture, cv::Scalar::all(0), cv::Scalar::all(14));
+  cv::randn(texture, cv::Scalar::all(0), cv::Scalar::all(26));
   cv::GaussianBlur(texture, texture, cv::Size(0, 0), 0.8);
   cv::Mat noise(h, w, CV_32FC3);
-  cv::randn(noise, cv::Scalar::all(0), cv::Scalar::all(4));
+  cv::randn(noise, cv::Scalar::all(0), cv::Scalar::all(6));
   img += texture + noise;
   cv::Mat out;
   img.convertTo(out, CV_8UC3);
@@ -185,7 +185,7 @@ cv::Mat photo_like(std::uint32_t seed) {
 JpegData prepare_jpeg_data(const std::string& dir, std::size_t count) {
   namespace fs = std::filesystem;
   JpegData data{dir, {}, 0};
-  const fs::path marker = fs::path(dir) / (".complete_" + std::to_string(count));
+  const fs::path marker = fs::path(dir) / (".complete_v2_" + std::to_string(count));
   if (!fs::exists(marker)) {
     std::fprintf(stderr, "generating %zu JPEGs (500x375, quality 90) in %s ...\n", count,
                  dir.c_str());
