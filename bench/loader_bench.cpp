@@ -191,8 +191,8 @@ JpegData prepare_jpeg_data(const std::string& dir, std::size_t count) {
                  dir.c_str());
     fs::remove_all(dir);
     for (std::size_t i = 0; i < count; ++i) {
-      const fs::path path = fs::path(dir) / ("class" + std::to_string(i % 4)) /
-                            (std::to_string(100000 + i) + ".jpg");
+      const fs::path path =
+          fs::path(dir) / ("class" + std::to_string(i % 4)) / (std::to_string(100000 + i) + ".jpg");
       fs::create_directories(path.parent_path());
       if (!cv::imwrite(path.string(), photo_like(static_cast<std::uint32_t>(i)),
                        {cv::IMWRITE_JPEG_QUALITY, 90})) {
@@ -396,15 +396,14 @@ auto ferry_opener(Workload w,
     const ferry::DataLoaderOptions options{
         .batch_size = batch_size(w), .num_workers = num_workers, .start_method = method};
     // jpeg: a few hundred files, drawn with replacement for as many samples as the run needs.
-    auto loader =
-        w == Workload::kJpeg
-            ? std::make_shared<ferry::DataLoader>(
-                  dataset, options,
-                  std::make_shared<ferry::RandomSampler>(
-                      dataset->size(), 0,
-                      ferry::RandomSampler::Options{.replacement = true,
-                                                    .num_samples = capacity * batch_size(w)}))
-            : std::make_shared<ferry::DataLoader>(dataset, options);
+    auto loader = w == Workload::kJpeg
+                      ? std::make_shared<ferry::DataLoader>(
+                            dataset, options,
+                            std::make_shared<ferry::RandomSampler>(
+                                dataset->size(), 0,
+                                ferry::RandomSampler::Options{
+                                    .replacement = true, .num_samples = capacity * batch_size(w)}))
+                      : std::make_shared<ferry::DataLoader>(dataset, options);
     ferry::DataLoader::Iterator it = loader->begin();
     bool started = false;
     return [loader, it, started]() mutable {
@@ -458,8 +457,8 @@ auto libtorch_opener(std::size_t num_workers, Dataset dataset, std::size_t batch
 Run run_libtorch(Workload w, std::size_t num_workers, const Budget& budget) {
   const std::size_t warmup = warmup_batches(num_workers);
   if (w == Workload::kJpeg) {
-    return measure(libtorch_opener<LibTorchJpeg, torch::data::Example<>>(num_workers, LibTorchJpeg(),
-                                                                          batch_size(w)),
+    return measure(libtorch_opener<LibTorchJpeg, torch::data::Example<>>(
+                       num_workers, LibTorchJpeg(), batch_size(w)),
                    warmup, budget);
   }
   if (w == Workload::kTiny) {
@@ -976,7 +975,9 @@ int main(int argc, char** argv) {
     const auto l = throughput(row.libtorch, w);
     const int decimals = 0;
     table.push_back({std::string(name(w)), std::to_string(row.config.num_workers),
-                     w == Workload::kTiny ? "batches/s" : w == Workload::kJpeg ? "images/s" : "MB/s",
+                     w == Workload::kTiny   ? "batches/s"
+                     : w == Workload::kJpeg ? "images/s"
+                                            : "MB/s",
                      format_value(row.ferry, f, decimals), format_value(row.pytorch, p, decimals),
                      format_value(row.libtorch, l, decimals), format_ratio(f, p),
                      format_ratio(f, l)});
@@ -986,10 +987,11 @@ int main(int argc, char** argv) {
               table, 3, args.markdown);
 
   if (jpeg) {
-    std::printf("\n%sjpeg: %zu files in %s, %.0f KB on average; OpenCV's full-resolution decode "
-                "alone: %.0f images/s on one core\n",
-                args.markdown ? "" : "# ", g_jpeg.files.size(), g_jpeg.dir.c_str(),
-                g_jpeg.mean_bytes / 1024.0, decode_only);
+    std::printf(
+        "\n%sjpeg: %zu files in %s, %.0f KB on average; OpenCV's full-resolution decode "
+        "alone: %.0f images/s on one core\n",
+        args.markdown ? "" : "# ", g_jpeg.files.size(), g_jpeg.dir.c_str(),
+        g_jpeg.mean_bytes / 1024.0, decode_only);
     for (const Row& row : rows) {
       if (row.config.workload != Workload::kJpeg || row.config.num_workers != 1) continue;
       if (const auto f = throughput(row.ferry, Workload::kJpeg)) {

@@ -29,7 +29,9 @@ void check_index(std::size_t dataset_size, std::int64_t index) {
   }
 }
 
-Example load_one(const Dataset& dataset, std::int64_t index, std::uint64_t epoch,
+Example load_one(const Dataset& dataset,
+                 std::int64_t index,
+                 std::uint64_t epoch,
                  const WorkerIdentity& who) {
   SampleContext ctx(who.base_seed, epoch, index, who.worker_id, who.num_workers);
   Example example = dataset.get(static_cast<std::size_t>(index), ctx);

@@ -2,9 +2,9 @@
 
 #include <cstdint>
 #include <functional>
-#include <string>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "ferry/collate.h"
@@ -42,9 +42,10 @@ struct FetchedBatch {
 };
 
 // Loads the samples of one batch of a map-style dataset, each with its own SampleContext seeded
-// from (base_seed, epoch, index) and tagged with its dataset index, `options.threads` at a time. Under raise, the first failing sample (in index order) sets `*failing_index` and
-// its exception propagates unchanged; under skip it is recorded and left out. An index outside
-// the dataset always raises ferry::DataError (a sampler bug, not bad data).
+// from (base_seed, epoch, index) and tagged with its dataset index, `options.threads` at a time.
+// Under raise, the first failing sample (in index order) sets `*failing_index` and its exception
+// propagates unchanged; under skip it is recorded and left out. An index outside the dataset always
+// raises ferry::DataError (a sampler bug, not bad data).
 FetchedBatch fetch_batch(const Dataset& dataset,
                          std::size_t dataset_size,
                          std::span<const std::int64_t> indices,

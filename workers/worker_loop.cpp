@@ -183,8 +183,8 @@ class Worker {
     std::int64_t failing_index = -1;
     try {
       if (spec_.dataset) {
-        FetchedBatch fetched = fetch_batch(*spec_.dataset, dataset_size_, task.indices,
-                                           task.epoch, who_, fetch_options_, &failing_index);
+        FetchedBatch fetched = fetch_batch(*spec_.dataset, dataset_size_, task.indices, task.epoch,
+                                           who_, fetch_options_, &failing_index);
         // A loader that is shutting down has hung up: stop now rather than after the whole
         // batch (a slow dataset could outlast the grace period).
         if (fetched.stopped) exit_now(0);

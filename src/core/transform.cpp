@@ -22,7 +22,8 @@ TransformList fuse_adjacent(const TransformList& transforms) {
 std::shared_ptr<Dataset> apply_transforms(std::shared_ptr<const Dataset> dataset,
                                           const TransformList& transforms) {
   FERRY_CHECK(dataset != nullptr, "apply_transforms: the dataset is null");
-  for (const auto& t : transforms) FERRY_CHECK(t != nullptr, "apply_transforms: a transform is null");
+  for (const auto& t : transforms)
+    FERRY_CHECK(t != nullptr, "apply_transforms: a transform is null");
   if (auto own = dataset->with_transforms(transforms)) return own;
   return std::make_shared<TransformedDataset>(std::move(dataset), transforms);
 }

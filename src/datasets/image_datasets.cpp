@@ -36,13 +36,13 @@ ImageDataset::ImageDataset(std::string name, std::vector<Item> items, ImageDatas
 }
 
 void ImageDataset::build_pipeline() {
-  pipeline_ = options_.transforms.empty() ? nullptr
-                                          : std::make_shared<const Compose>(options_.transforms);
+  pipeline_ =
+      options_.transforms.empty() ? nullptr : std::make_shared<const Compose>(options_.transforms);
 }
 
 Example ImageDataset::get(std::size_t index, SampleContext& ctx) const {
-  FERRY_CHECK(index < items_.size(), name_, ": index ", index, " is out of range (",
-              items_.size(), " samples)");
+  FERRY_CHECK(index < items_.size(), name_, ": index ", index, " is out of range (", items_.size(),
+              " samples)");
   const Item& item = items_[index];
   try {
     torch::Tensor bytes = read_file(item.path);
@@ -83,8 +83,8 @@ bool has_extension(const std::string& name, const std::vector<std::string>& exte
     std::string ext = e;
     std::transform(ext.begin(), ext.end(), ext.begin(),
                    [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-    return lower.size() >= ext.size() && lower.compare(lower.size() - ext.size(), ext.size(),
-                                                       ext) == 0;
+    return lower.size() >= ext.size() &&
+           lower.compare(lower.size() - ext.size(), ext.size(), ext) == 0;
   });
 }
 
@@ -129,8 +129,8 @@ Scan scan_folder(const std::string& root, const std::vector<std::string>& extens
       if (ec) break;
       if (it->is_directory(ec)) add_files_of(it->path());
     }
-    if (ec) throw DataError(str("ImageFolder: cannot list ", class_dir.string(), ": ",
-                                ec.message()));
+    if (ec)
+      throw DataError(str("ImageFolder: cannot list ", class_dir.string(), ": ", ec.message()));
     std::sort(files.begin(), files.end());
     if (files.empty()) empty.push_back(scan.classes[label]);
     for (const auto& [dir, name] : files) {

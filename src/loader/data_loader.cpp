@@ -94,14 +94,12 @@ class InProcessMapEpoch final : public detail::EpochIterator {
       if (position_ >= plan_.size()) return std::nullopt;
       const std::size_t sequence = position_++;  // past this batch even if it fails
       const workers::WorkerIdentity who{0, 1, *state_->options.seed};
-      workers::FetchedBatch fetched =
-          workers::fetch_batch(*state_->dataset, size_, plan_.batch(sequence), epoch_, who,
-                               fetch_options_, nullptr);
+      workers::FetchedBatch fetched = workers::fetch_batch(
+          *state_->dataset, size_, plan_.batch(sequence), epoch_, who, fetch_options_, nullptr);
       state_->record_skipped(epoch_, fetched.skipped);
       if (fetched.samples.empty()) continue;  // every sample was skipped
-      return finish_batch(workers::collate_samples(std::move(fetched.samples),
-                                                   state_->collate_fn, *state_->buffers, epoch_,
-                                                   sequence),
+      return finish_batch(workers::collate_samples(std::move(fetched.samples), state_->collate_fn,
+                                                   *state_->buffers, epoch_, sequence),
                           *state_);
     }
   }
@@ -251,8 +249,8 @@ void check_iterable_options(const DataLoaderOptions& o) {
   FERRY_CHECK(o.on_error == OnError::kRaise,
               "on_error=skip with an IterableDataset: a stream knows its own records, so skip "
               "bad ones inside the stream; on_error=skip is for map-style datasets");
-  FERRY_CHECK(o.worker_threads == 1,
-              "worker_threads=", o.worker_threads, " with an IterableDataset: a stream is read "
+  FERRY_CHECK(o.worker_threads == 1, "worker_threads=", o.worker_threads,
+              " with an IterableDataset: a stream is read "
               "in order by one thread; parallelise inside the stream or use worker_threads=1");
 }
 

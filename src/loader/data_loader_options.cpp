@@ -49,14 +49,17 @@ DataLoaderOptions resolve(DataLoaderOptions o) {
               "persistent_workers=false");
   FERRY_CHECK(!o.prefetch_factor || *o.prefetch_factor > 0,
               "prefetch_factor=0 is invalid; use a positive prefetch_factor (default 2)");
-  FERRY_CHECK(o.worker_threads > 0, "worker_threads=0 is invalid; use 1 (one sample at a time) "
-                                    "or more");
-  FERRY_CHECK(o.worker_threads == 1 || workers::parallel_fetch_available(), "worker_threads=",
-              o.worker_threads, " needs ferry built with TBB (libtbb-dev); use worker_threads=1");
-  FERRY_CHECK(o.worker_threads == 1 || o.sample_timeout.count() == 0, "sample_timeout=",
-              o.sample_timeout.count(), " ms watches one sample at a time, so it cannot be "
-              "combined with worker_threads=", o.worker_threads,
-              "; use timeout (per batch) instead, or worker_threads=1");
+  FERRY_CHECK(o.worker_threads > 0,
+              "worker_threads=0 is invalid; use 1 (one sample at a time) "
+              "or more");
+  FERRY_CHECK(o.worker_threads == 1 || workers::parallel_fetch_available(),
+              "worker_threads=", o.worker_threads,
+              " needs ferry built with TBB (libtbb-dev); use worker_threads=1");
+  FERRY_CHECK(o.worker_threads == 1 || o.sample_timeout.count() == 0,
+              "sample_timeout=", o.sample_timeout.count(),
+              " ms watches one sample at a time, so it cannot be "
+              "combined with worker_threads=",
+              o.worker_threads, "; use timeout (per batch) instead, or worker_threads=1");
   if (o.num_workers > 0 && !o.prefetch_factor) o.prefetch_factor = kDefaultPrefetchFactor;
   if (!o.start_method) o.start_method = default_start_method();
   if (!o.seed) {

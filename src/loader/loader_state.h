@@ -57,7 +57,8 @@ struct LoaderState {
   // through their const view of the state.
   mutable std::mutex stats_mutex;
   mutable LoaderStats stats;
-  void record_skipped(std::uint64_t epoch, const std::vector<workers::SkippedSample>& skipped) const;
+  void record_skipped(std::uint64_t epoch,
+                      const std::vector<workers::SkippedSample>& skipped) const;
 
   // Stops every worker of this loader; iterators then throw LoaderClosed. Idempotent, noexcept,
   // bounded by the shutdown grace.

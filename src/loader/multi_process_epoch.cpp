@@ -420,8 +420,8 @@ void MultiProcessEpoch::handle_message(WorkerSlot& w,
           continue;
         }
         if (f.offset + f.nbytes > mapping->size()) {
-          fail(std::make_exception_ptr(Error(detail::str(
-              "DataLoader worker ", w.id, ": field '", f.name, "' lies outside its segment"))));
+          fail(std::make_exception_ptr(Error(detail::str("DataLoader worker ", w.id, ": field '",
+                                                         f.name, "' lies outside its segment"))));
         }
         batch.set(f.name, at::from_blob(
                               mapping->data() + f.offset, f.sizes, [lease](void*) {},

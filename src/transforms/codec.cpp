@@ -26,9 +26,12 @@ namespace ferry::vision {
 
 std::string_view to_string(ImageMode mode) noexcept {
   switch (mode) {
-    case ImageMode::kRGB: return "rgb";
-    case ImageMode::kGray: return "gray";
-    case ImageMode::kUnchanged: return "unchanged";
+    case ImageMode::kRGB:
+      return "rgb";
+    case ImageMode::kGray:
+      return "gray";
+    case ImageMode::kUnchanged:
+      return "unchanged";
   }
   return "?";
 }
@@ -37,8 +40,8 @@ ImageMode parse_image_mode(std::string_view name) {
   if (name == "rgb") return ImageMode::kRGB;
   if (name == "gray") return ImageMode::kGray;
   if (name == "unchanged") return ImageMode::kUnchanged;
-  throw ConfigError(ferry::detail::str("image mode '", name,
-                                       "' is not one of rgb, gray, unchanged"));
+  throw ConfigError(
+      ferry::detail::str("image mode '", name, "' is not one of rgb, gray, unchanged"));
 }
 
 namespace detail {
@@ -59,9 +62,7 @@ std::uint32_t be32(const std::uint8_t* p) {
   return (std::uint32_t{p[0]} << 24) | (std::uint32_t{p[1]} << 16) | (std::uint32_t{p[2]} << 8) |
          p[3];
 }
-std::uint16_t be16(const std::uint8_t* p) {
-  return static_cast<std::uint16_t>((p[0] << 8) | p[1]);
-}
+std::uint16_t be16(const std::uint8_t* p) { return static_cast<std::uint16_t>((p[0] << 8) | p[1]); }
 
 ImageInfo probe_png(std::span<const std::uint8_t> b) {
   // signature (8), IHDR length (4) and type (4), then width, height, depth, colour type.
@@ -76,12 +77,23 @@ ImageInfo probe_png(std::span<const std::uint8_t> b) {
   info.height = be32(b.data() + 20);
   info.bit_depth = b[24];
   switch (b[25]) {
-    case 0: info.channels = 1; break;  // gray
-    case 2: info.channels = 3; break;  // RGB
-    case 3: info.channels = 3; break;  // palette
-    case 4: info.channels = 2; break;  // gray + alpha
-    case 6: info.channels = 4; break;  // RGBA
-    default: throw DataError(str("PNG is malformed: colour type ", int{b[25]}, " is not defined"));
+    case 0:
+      info.channels = 1;
+      break;  // gray
+    case 2:
+      info.channels = 3;
+      break;  // RGB
+    case 3:
+      info.channels = 3;
+      break;  // palette
+    case 4:
+      info.channels = 2;
+      break;  // gray + alpha
+    case 6:
+      info.channels = 4;
+      break;  // RGBA
+    default:
+      throw DataError(str("PNG is malformed: colour type ", int{b[25]}, " is not defined"));
   }
   if (info.width == 0 || info.height == 0) {
     throw DataError(str("PNG header declares ", info.width, "x", info.height, " pixels"));
@@ -104,8 +116,8 @@ ImageInfo probe_jpeg(std::span<const std::uint8_t> b) {
     }
     if (pos + 2 > b.size()) throw DataError(str("JPEG cut short at byte ", pos));
     const std::size_t length = be16(b.data() + pos);
-    const bool sof = marker >= 0xC0 && marker <= 0xCF && marker != 0xC4 && marker != 0xC8 &&
-                     marker != 0xCC;
+    const bool sof =
+        marker >= 0xC0 && marker <= 0xCF && marker != 0xC4 && marker != 0xC8 && marker != 0xCC;
     if (sof) {
       if (pos + 8 > b.size()) throw DataError(str("JPEG frame header cut short at byte ", pos));
       ImageInfo info{.format = "jpeg"};
@@ -114,8 +126,8 @@ ImageInfo probe_jpeg(std::span<const std::uint8_t> b) {
       info.channels = b[pos + 7];
       info.bit_depth = b[pos + 2];
       if (info.width == 0 || info.height == 0) {
-        throw DataError(str("JPEG frame header declares ", info.width, "x", info.height,
-                            " pixels"));
+        throw DataError(
+            str("JPEG frame header declares ", info.width, "x", info.height, " pixels"));
       }
       return info;
     }
@@ -128,9 +140,9 @@ void check_pixels(const ImageInfo& info, std::int64_t max_pixels) {
   const double pixels = static_cast<double>(info.width) * static_cast<double>(info.height);
   if (pixels > static_cast<double>(max_pixels)) {
     throw DataError(str(info.format, " header declares ", info.width, "x", info.height, " = ",
-                        static_cast<std::int64_t>(pixels), " pixels, over max_pixels (",
-                        max_pixels, "); refused before decoding (a decompression bomb, or raise "
-                                    "max_pixels for really large images)"));
+                        static_cast<std::int64_t>(pixels), " pixels, over max_pixels (", max_pixels,
+                        "); refused before decoding (a decompression bomb, or raise "
+                        "max_pixels for really large images)"));
   }
 }
 
@@ -262,8 +274,7 @@ DecodedRegion decode_jpeg(std::span<const std::uint8_t> bytes,
     if (!jpeg_crop(d, &x, &width, top)) throw DataError(str("JPEG decoder: ", d.error.message));
   }
   const int channels = d.cinfo.output_components;
-  cv::Mat out(static_cast<int>(rows), static_cast<int>(d.cinfo.output_width),
-              CV_8UC(channels));
+  cv::Mat out(static_cast<int>(rows), static_cast<int>(d.cinfo.output_width), CV_8UC(channels));
   if (!jpeg_read_rows(d, out.data, out.step, rows)) {
     throw DataError(str("JPEG decoder: ", d.error.message));
   }
@@ -388,8 +399,9 @@ DecodedRegion decode_other(std::span<const std::uint8_t> bytes, const DecodeRequ
     throw DataError(str("OpenCV decoder: ", e.what()));
   }
   if (image.empty()) {
-    throw DataError("not a JPEG or PNG, and OpenCV cannot decode it either (unknown format, or "
-                    "the file is corrupt or truncated)");
+    throw DataError(
+        "not a JPEG or PNG, and OpenCV cannot decode it either (unknown format, or "
+        "the file is corrupt or truncated)");
   }
   if (static_cast<double>(image.rows) * image.cols > static_cast<double>(request.max_pixels)) {
     throw DataError(str("image has ", image.cols, "x", image.rows, " pixels, over max_pixels (",
@@ -404,13 +416,19 @@ DecodedRegion decode_other(std::span<const std::uint8_t> bytes, const DecodeRequ
   const int c = image.channels();
   cv::Mat out;
   if (request.mode == ImageMode::kUnchanged) {
-    if (c == 3) cv::cvtColor(image, out, cv::COLOR_BGR2RGB);
-    else if (c == 4) cv::cvtColor(image, out, cv::COLOR_BGRA2RGBA);
-    else out = image;
+    if (c == 3)
+      cv::cvtColor(image, out, cv::COLOR_BGR2RGB);
+    else if (c == 4)
+      cv::cvtColor(image, out, cv::COLOR_BGRA2RGBA);
+    else
+      out = image;
   } else {
-    if (c == 1) out = image;
-    else if (c == 3) cv::cvtColor(image, out, cv::COLOR_BGR2RGB);
-    else cv::cvtColor(image, out, cv::COLOR_BGRA2RGB);
+    if (c == 1)
+      out = image;
+    else if (c == 3)
+      cv::cvtColor(image, out, cv::COLOR_BGR2RGB);
+    else
+      cv::cvtColor(image, out, cv::COLOR_BGRA2RGB);
     if (request.mode == ImageMode::kRGB && out.channels() == 1) {
       cv::cvtColor(out, out, cv::COLOR_GRAY2RGB);
     } else if (request.mode == ImageMode::kGray && out.channels() == 3) {
@@ -448,8 +466,8 @@ cv::Mat rgb_to_gray(const cv::Mat& rgb) {
     const std::uint8_t* in = rgb.ptr<std::uint8_t>(y);
     std::uint8_t* out = gray.ptr<std::uint8_t>(y);
     for (int x = 0; x < rgb.cols; ++x, in += 3) {
-      out[x] = static_cast<std::uint8_t>((in[0] * 19595 + in[1] * 38470 + in[2] * 7471 + 0x8000) >>
-                                         16);
+      out[x] =
+          static_cast<std::uint8_t>((in[0] * 19595 + in[1] * 38470 + in[2] * 7471 + 0x8000) >> 16);
     }
   }
   return gray;
@@ -463,22 +481,21 @@ torch::Tensor to_tensor(cv::Mat image) {
   const auto dtype = image.depth() == CV_8U ? torch::kUInt8 : torch::kInt32;
   auto* keep = new cv::Mat(image);
   return torch::from_blob(
-      keep->data, {image.rows, image.cols, image.channels()},
-      [keep](void*) { delete keep; }, torch::TensorOptions().dtype(dtype));
+      keep->data, {image.rows, image.cols, image.channels()}, [keep](void*) { delete keep; },
+      torch::TensorOptions().dtype(dtype));
 }
 
 cv::Mat to_mat(const torch::Tensor& hwc) {
   FERRY_CHECK(hwc.dim() == 3 || hwc.dim() == 2,
               "an image tensor is H x W x C (or H x W); got shape ", hwc.sizes());
-  FERRY_CHECK(hwc.scalar_type() == torch::kUInt8,
-              "image transforms take uint8 images; got ", hwc.scalar_type(),
-              " (decode with mode rgb or gray, or convert first)");
+  FERRY_CHECK(hwc.scalar_type() == torch::kUInt8, "image transforms take uint8 images; got ",
+              hwc.scalar_type(), " (decode with mode rgb or gray, or convert first)");
   FERRY_CHECK(hwc.is_contiguous() && hwc.device().is_cpu(),
               "an image tensor must be a contiguous CPU tensor");
   const int channels = hwc.dim() == 3 ? static_cast<int>(hwc.size(2)) : 1;
   FERRY_CHECK(channels >= 1 && channels <= 4, "an image has 1 to 4 channels; got ", channels);
-  return cv::Mat(static_cast<int>(hwc.size(0)), static_cast<int>(hwc.size(1)),
-                 CV_8UC(channels), hwc.data_ptr());
+  return cv::Mat(static_cast<int>(hwc.size(0)), static_cast<int>(hwc.size(1)), CV_8UC(channels),
+                 hwc.data_ptr());
 }
 
 }  // namespace detail
@@ -522,8 +539,8 @@ torch::Tensor read_file(const std::string& path) {
 std::span<const std::uint8_t> bytes_of(const torch::Tensor& encoded) {
   FERRY_CHECK(encoded.dim() == 1 && encoded.scalar_type() == torch::kUInt8 &&
                   encoded.is_contiguous() && encoded.device().is_cpu(),
-              "an encoded image is a contiguous 1-D uint8 CPU tensor; got ",
-              encoded.scalar_type(), " of shape ", encoded.sizes());
+              "an encoded image is a contiguous 1-D uint8 CPU tensor; got ", encoded.scalar_type(),
+              " of shape ", encoded.sizes());
   return {encoded.data_ptr<std::uint8_t>(), static_cast<std::size_t>(encoded.numel())};
 }
 

@@ -20,8 +20,8 @@ namespace {
 
 // Pillow's Image.blend(a, b, alpha) = a + alpha * (b - a), in float, truncated; clipped when
 // alpha is outside [0, 1].
-void blend_into(const std::uint8_t* a, const std::uint8_t* b, std::uint8_t* out, std::size_t n,
-                float alpha) {
+void blend_into(
+    const std::uint8_t* a, const std::uint8_t* b, std::uint8_t* out, std::size_t n, float alpha) {
   if (alpha >= 0.0f && alpha <= 1.0f) {
     for (std::size_t i = 0; i < n; ++i) {
       out[i] = static_cast<std::uint8_t>(static_cast<float>(a[i]) +
@@ -29,8 +29,7 @@ void blend_into(const std::uint8_t* a, const std::uint8_t* b, std::uint8_t* out,
     }
   } else {
     for (std::size_t i = 0; i < n; ++i) {
-      const float v =
-          static_cast<float>(a[i]) + alpha * static_cast<float>(int{b[i]} - int{a[i]});
+      const float v = static_cast<float>(a[i]) + alpha * static_cast<float>(int{b[i]} - int{a[i]});
       out[i] = v <= 0.0f ? 0 : v >= 255.0f ? 255 : static_cast<std::uint8_t>(v);
     }
   }
@@ -57,10 +56,10 @@ cv::Mat as_channels(const cv::Mat& gray, int channels) {
 }
 
 void check_image(const cv::Mat& image, bool rgb_only, const char* who) {
-  FERRY_CHECK(image.depth() == CV_8U && (image.channels() == 3 || (!rgb_only &&
-                                                                   image.channels() == 1)),
-              who, " takes ", rgb_only ? "RGB" : "RGB or gray", " uint8 images; got ",
-              image.channels(), " channels");
+  FERRY_CHECK(
+      image.depth() == CV_8U && (image.channels() == 3 || (!rgb_only && image.channels() == 1)),
+      who, " takes ", rgb_only ? "RGB" : "RGB or gray", " uint8 images; got ", image.channels(),
+      " channels");
 }
 
 cv::Mat brightness(const cv::Mat& image, double factor) {
@@ -134,12 +133,36 @@ void hsv_to_rgb(const std::uint8_t* in, std::uint8_t* out) {
   const std::uint8_t t =
       clip8(static_cast<int>(std::round(static_cast<float>(v) * (1.0 - fs * (1.0 - f)))));
   switch (i % 6) {
-    case 0: out[0] = v; out[1] = t; out[2] = p; break;
-    case 1: out[0] = q; out[1] = v; out[2] = p; break;
-    case 2: out[0] = p; out[1] = v; out[2] = t; break;
-    case 3: out[0] = p; out[1] = q; out[2] = v; break;
-    case 4: out[0] = t; out[1] = p; out[2] = v; break;
-    default: out[0] = v; out[1] = p; out[2] = q; break;
+    case 0:
+      out[0] = v;
+      out[1] = t;
+      out[2] = p;
+      break;
+    case 1:
+      out[0] = q;
+      out[1] = v;
+      out[2] = p;
+      break;
+    case 2:
+      out[0] = p;
+      out[1] = v;
+      out[2] = t;
+      break;
+    case 3:
+      out[0] = p;
+      out[1] = q;
+      out[2] = v;
+      break;
+    case 4:
+      out[0] = t;
+      out[1] = p;
+      out[2] = v;
+      break;
+    default:
+      out[0] = v;
+      out[1] = p;
+      out[2] = q;
+      break;
   }
 }
 
@@ -164,7 +187,8 @@ cv::Mat hue(const cv::Mat& image, double factor) {
   return out;
 }
 
-torch::Tensor run_on_tensor(const torch::Tensor& image, cv::Mat (*fn)(const cv::Mat&, double),
+torch::Tensor run_on_tensor(const torch::Tensor& image,
+                            cv::Mat (*fn)(const cv::Mat&, double),
                             double factor) {
   const torch::Tensor hwc = image.contiguous();
   return detail::to_tensor(fn(detail::to_mat(hwc), factor).clone());
@@ -223,10 +247,18 @@ void ColorJitter::apply(detail::ImageState& image, SampleContext& ctx) const {
   cv::Mat p = image.pixels(describe());
   for (int k = 0; k < 4; ++k) {
     switch (order[k].item<std::int64_t>()) {
-      case 0: if (b) p = brightness(p, *b); break;
-      case 1: if (c) p = contrast(p, *c); break;
-      case 2: if (s) p = saturation(p, *s); break;
-      default: if (h) p = hue(p, *h); break;
+      case 0:
+        if (b) p = brightness(p, *b);
+        break;
+      case 1:
+        if (c) p = contrast(p, *c);
+        break;
+      case 2:
+        if (s) p = saturation(p, *s);
+        break;
+      default:
+        if (h) p = hue(p, *h);
+        break;
     }
   }
   image.set_pixels(std::move(p));

@@ -54,8 +54,8 @@ cv::Mat& ImageState::pixels(const std::string& who) {
     set_pixels(decode({}).image);
   } else if (stage_ == Stage::kTensor) {
     throw ConfigError(ferry::detail::str(
-        who, " works on images, but the image is already a tensor (", tensor_.scalar_type(),
-        " ", tensor_.sizes(), "); put it before ToTensor"));
+        who, " works on images, but the image is already a tensor (", tensor_.scalar_type(), " ",
+        tensor_.sizes(), "); put it before ToTensor"));
   }
   return pixels_;
 }
@@ -91,7 +91,8 @@ void ImageState::set_tensor(torch::Tensor tensor) {
 
 torch::Tensor ImageState::to_field() {
   switch (stage_) {
-    case Stage::kEncoded: return to_tensor(decode({}).image);
+    case Stage::kEncoded:
+      return to_tensor(decode({}).image);
     case Stage::kPixels:
       // Pixels that are still the incoming tensor, untouched, are that tensor.
       if (holder_.defined() && pixels_.data == holder_.data_ptr() && pixels_.isContinuous() &&
@@ -100,7 +101,8 @@ torch::Tensor ImageState::to_field() {
       }
       // Pixels viewing memory the state does not own (a crop of the incoming tensor) are copied.
       return to_tensor(pixels_.u == nullptr ? pixels_.clone() : pixels_);
-    case Stage::kTensor: return tensor_;
+    case Stage::kTensor:
+      return tensor_;
   }
   return {};
 }

@@ -36,8 +36,7 @@ struct Coefficients {
 
 Coefficients precompute(int in_size, const Axis& axis, Interpolation interpolation) {
   const double support_base = interpolation == Interpolation::kBicubic ? 2.0 : 1.0;
-  const auto filter =
-      interpolation == Interpolation::kBicubic ? bicubic_filter : bilinear_filter;
+  const auto filter = interpolation == Interpolation::kBicubic ? bicubic_filter : bilinear_filter;
   const double filterscale = std::max(axis.scale, 1.0);
   const double support = support_base * filterscale;
   Coefficients c;
@@ -62,7 +61,8 @@ Coefficients precompute(int in_size, const Axis& axis, Interpolation interpolati
     }
     std::int32_t* out = &c.weights[static_cast<std::size_t>(xx) * c.ksize];
     for (int x = 0; x < xmax; ++x) {
-      const double w = ww != 0.0 ? k[static_cast<std::size_t>(x)] / ww : k[static_cast<std::size_t>(x)];
+      const double w =
+          ww != 0.0 ? k[static_cast<std::size_t>(x)] / ww : k[static_cast<std::size_t>(x)];
       out[x] = static_cast<std::int32_t>(w < 0 ? -0.5 + w * (1 << kPrecisionBits)
                                                : 0.5 + w * (1 << kPrecisionBits));
     }
@@ -160,12 +160,14 @@ void vertical(const cv::Mat& src, cv::Mat& dst, int row_shift, const Coefficient
 }
 
 template <int C>
-cv::Mat resample_bands(const cv::Mat& src, const Axis& x, const Axis& y,
+cv::Mat resample_bands(const cv::Mat& src,
+                       const Axis& x,
+                       const Axis& y,
                        Interpolation interpolation) {
-  const bool need_h = !(x.in0 == 0.0 && x.scale == 1.0 && x.out_offset == 0 &&
-                        x.out_size == src.cols);
-  const bool need_v = !(y.in0 == 0.0 && y.scale == 1.0 && y.out_offset == 0 &&
-                        y.out_size == src.rows);
+  const bool need_h =
+      !(x.in0 == 0.0 && x.scale == 1.0 && x.out_offset == 0 && x.out_size == src.cols);
+  const bool need_v =
+      !(y.in0 == 0.0 && y.scale == 1.0 && y.out_offset == 0 && y.out_size == src.rows);
   const Coefficients cv_ = precompute(src.rows, y, interpolation);
   cv::Mat current = src;
   int row_shift = 0;
@@ -213,10 +215,14 @@ cv::Mat resample(const cv::Mat& src, const Axis& x, const Axis& y, Interpolation
   FERRY_CHECK(x.out_size > 0 && y.out_size > 0, "cannot resize to ", x.out_size, "x", y.out_size);
   if (interpolation == Interpolation::kNearest) return nearest(src, x, y);
   switch (src.channels()) {
-    case 1: return resample_bands<1>(src, x, y, interpolation);
-    case 2: return resample_bands<2>(src, x, y, interpolation);
-    case 3: return resample_bands<3>(src, x, y, interpolation);
-    default: return resample_bands<4>(src, x, y, interpolation);
+    case 1:
+      return resample_bands<1>(src, x, y, interpolation);
+    case 2:
+      return resample_bands<2>(src, x, y, interpolation);
+    case 3:
+      return resample_bands<3>(src, x, y, interpolation);
+    default:
+      return resample_bands<4>(src, x, y, interpolation);
   }
 }
 

@@ -2,6 +2,8 @@
 // color.cpp). Sizes, rounding and random draws follow torchvision 0.14 on PIL images; the
 // resampling is Pillow's (resample.cpp).
 
+#include "ferry/vision/transforms.h"
+
 #include <algorithm>
 #include <cmath>
 #include <sstream>
@@ -9,7 +11,6 @@
 #include <opencv2/core.hpp>
 
 #include "ferry/error.h"
-#include "ferry/vision/transforms.h"
 
 #include "transforms/image_state.h"
 #include "transforms/resample.h"
@@ -20,9 +21,12 @@ using ferry::detail::str;
 
 std::string_view to_string(Interpolation interpolation) noexcept {
   switch (interpolation) {
-    case Interpolation::kNearest: return "nearest";
-    case Interpolation::kBilinear: return "bilinear";
-    case Interpolation::kBicubic: return "bicubic";
+    case Interpolation::kNearest:
+      return "nearest";
+    case Interpolation::kBilinear:
+      return "bilinear";
+    case Interpolation::kBicubic:
+      return "bicubic";
   }
   return "?";
 }
@@ -55,28 +59,40 @@ std::string list_text(const std::vector<std::int64_t>& v) {
 std::int64_t round_half_even(double v) { return static_cast<std::int64_t>(std::nearbyint(v)); }
 
 // A crop of `image` that may reach outside it; the outside is `fill` (Pillow's crop gives 0).
-cv::Mat crop_or_fill(const cv::Mat& image, std::int64_t top, std::int64_t left, std::int64_t h,
-                     std::int64_t w, int fill = 0) {
+cv::Mat crop_or_fill(const cv::Mat& image,
+                     std::int64_t top,
+                     std::int64_t left,
+                     std::int64_t h,
+                     std::int64_t w,
+                     int fill = 0) {
   const cv::Rect want(static_cast<int>(left), static_cast<int>(top), static_cast<int>(w),
                       static_cast<int>(h));
   const cv::Rect inside = want & cv::Rect(0, 0, image.cols, image.rows);
   if (inside == want) return image(want);
   cv::Mat out(static_cast<int>(h), static_cast<int>(w), image.type(), cv::Scalar::all(fill));
   if (!inside.empty()) {
-    image(inside).copyTo(out(cv::Rect(inside.x - want.x, inside.y - want.y, inside.width,
-                                      inside.height)));
+    image(inside).copyTo(
+        out(cv::Rect(inside.x - want.x, inside.y - want.y, inside.width, inside.height)));
   }
   return out;
 }
 
-cv::Mat pad(const cv::Mat& image, int left, int top, int right, int bottom, PaddingMode mode,
-            int fill) {
+cv::Mat pad(
+    const cv::Mat& image, int left, int top, int right, int bottom, PaddingMode mode, int fill) {
   int border = cv::BORDER_CONSTANT;
   switch (mode) {
-    case PaddingMode::kConstant: border = cv::BORDER_CONSTANT; break;
-    case PaddingMode::kEdge: border = cv::BORDER_REPLICATE; break;
-    case PaddingMode::kReflect: border = cv::BORDER_REFLECT_101; break;  // numpy's reflect
-    case PaddingMode::kSymmetric: border = cv::BORDER_REFLECT; break;    // numpy's symmetric
+    case PaddingMode::kConstant:
+      border = cv::BORDER_CONSTANT;
+      break;
+    case PaddingMode::kEdge:
+      border = cv::BORDER_REPLICATE;
+      break;
+    case PaddingMode::kReflect:
+      border = cv::BORDER_REFLECT_101;
+      break;  // numpy's reflect
+    case PaddingMode::kSymmetric:
+      border = cv::BORDER_REFLECT;
+      break;  // numpy's symmetric
   }
   cv::Mat out;
   cv::copyMakeBorder(image, out, top, bottom, left, right, border, cv::Scalar::all(fill));
@@ -98,8 +114,13 @@ int reduced_scale(double w, double h, std::int64_t out_w, std::int64_t out_h) {
 
 // Resizes the file-coordinate box (left, top, width, height) of a decoded region to out_w x out_h
 // (Pillow's resize of that crop: the filter stays inside the box).
-cv::Mat resize_box(const detail::DecodedRegion& r, double left, double top, double width,
-                   double height, std::int64_t out_w, std::int64_t out_h,
+cv::Mat resize_box(const detail::DecodedRegion& r,
+                   double left,
+                   double top,
+                   double width,
+                   double height,
+                   std::int64_t out_w,
+                   std::int64_t out_h,
                    Interpolation interpolation) {
   const double x0 = left * r.sx - r.x0;
   const double x1 = (left + width) * r.sx - r.x0;
@@ -126,8 +147,8 @@ bool can_decode_region(detail::ImageState& image) {
 Example ImageTransform::operator()(Example example, SampleContext& ctx) const {
   const Field* field = example.find("image");
   if (field == nullptr) {
-    throw ConfigError(str(describe(), " needs an 'image' field; the sample has ",
-                          example.field_names()));
+    throw ConfigError(
+        str(describe(), " needs an 'image' field; the sample has ", example.field_names()));
   }
   detail::ImageState state = detail::ImageState::from_field(field->tensor());
   apply(state, ctx);
@@ -166,7 +187,8 @@ Resize::Resize(Options options) : options_(std::move(options)) {
   if (options_.max_size) {
     FERRY_CHECK(options_.size.size() == 1,
                 "Resize: max_size is only allowed when size is one number (the shorter side), "
-                "as in torchvision; got size=", list_text(options_.size));
+                "as in torchvision; got size=",
+                list_text(options_.size));
     FERRY_CHECK(*options_.max_size > options_.size[0], "Resize: max_size = ", *options_.max_size,
                 " must be strictly greater than the requested size ", options_.size[0]);
   }
@@ -194,11 +216,11 @@ void Resize::apply(detail::ImageState& image, SampleContext&) const {
   if (out.height == h && out.width == w) return;  // torchvision returns the image as it is
   if (can_decode_region(image) && options_.reduced_decode &&
       options_.interpolation != Interpolation::kNearest) {
-    const int m = reduced_scale(static_cast<double>(w), static_cast<double>(h), out.width,
-                                out.height);
+    const int m =
+        reduced_scale(static_cast<double>(w), static_cast<double>(h), out.width, out.height);
     detail::DecodedRegion r = image.decode({.scale_eighths = m});
-    image.set_pixels(resize_box(r, 0, 0, static_cast<double>(w), static_cast<double>(h),
-                                out.width, out.height, options_.interpolation));
+    image.set_pixels(resize_box(r, 0, 0, static_cast<double>(w), static_cast<double>(h), out.width,
+                                out.height, options_.interpolation));
     return;
   }
   const cv::Mat& p = image.pixels(describe());
@@ -241,9 +263,9 @@ void CenterCrop::apply(detail::ImageState& image, SampleContext&) const {
     detail::DecodedRegion r = image.decode(
         {.window = cv::Rect(static_cast<int>(left), static_cast<int>(top),
                             static_cast<int>(size_.width), static_cast<int>(size_.height))});
-    image.set_pixels(r.image(cv::Rect(static_cast<int>(left) - r.x0, static_cast<int>(top) - r.y0,
-                                      static_cast<int>(size_.width),
-                                      static_cast<int>(size_.height))));
+    image.set_pixels(
+        r.image(cv::Rect(static_cast<int>(left) - r.x0, static_cast<int>(top) - r.y0,
+                         static_cast<int>(size_.width), static_cast<int>(size_.height))));
     return;
   }
   image.set_pixels(crop_or_fill(image.pixels(describe()), top, left, size_.height, size_.width));
@@ -289,10 +311,10 @@ class ResizeCenterCrop : public ImageTransform {
                                    static_cast<int>(std::ceil((left + c.width) * scale_x + mx)));
       const int y1 = std::min<int>(static_cast<int>(h),
                                    static_cast<int>(std::ceil((top + c.height) * scale_y + my)));
-      const int m = resize_->options().reduced_decode
-                        ? reduced_scale(static_cast<double>(w), static_cast<double>(h),
-                                        out.width, out.height)
-                        : 8;
+      const int m =
+          resize_->options().reduced_decode
+              ? reduced_scale(static_cast<double>(w), static_cast<double>(h), out.width, out.height)
+              : 8;
       DecodedRegion r = image.decode({.scale_eighths = m, .window = {x0, y0, x1 - x0, y1 - y0}});
       // The full resize of the decoded image, cropped: coordinates relative to the region.
       const double full_w = static_cast<double>(w) * r.sx;  // decoded width of the whole file
@@ -312,9 +334,7 @@ class ResizeCenterCrop : public ImageTransform {
     image.set_pixels(resample(p, ax, ay, interpolation));
   }
 
-  std::string describe() const override {
-    return resize_->describe() + ", " + crop_->describe();
-  }
+  std::string describe() const override { return resize_->describe() + ", " + crop_->describe(); }
 
  private:
   std::shared_ptr<const Resize> resize_;
@@ -330,16 +350,19 @@ RandomCrop::RandomCrop(Options options)
   const auto n = options_.padding.size();
   FERRY_CHECK(n == 0 || n == 1 || n == 2 || n == 4,
               "RandomCrop: padding takes 1, 2 or 4 numbers (all sides; left/right and "
-              "top/bottom; or left, top, right, bottom); got ", n);
+              "top/bottom; or left, top, right, bottom); got ",
+              n);
   for (const auto p : options_.padding) {
     FERRY_CHECK(p >= 0, "RandomCrop: padding must be >= 0; got ", p);
   }
-  FERRY_CHECK(options_.fill >= 0 && options_.fill <= 255, "RandomCrop: fill must be in 0..255; got ",
-              options_.fill);
+  FERRY_CHECK(options_.fill >= 0 && options_.fill <= 255,
+              "RandomCrop: fill must be in 0..255; got ", options_.fill);
 }
 
-std::array<std::int64_t, 2> RandomCrop::get_params(std::int64_t height, std::int64_t width,
-                                                   Size2 size, at::Generator& generator) {
+std::array<std::int64_t, 2> RandomCrop::get_params(std::int64_t height,
+                                                   std::int64_t width,
+                                                   Size2 size,
+                                                   at::Generator& generator) {
   if (height < size.height || width < size.width) {
     throw DataError(str("RandomCrop: the crop (", size.height, "x", size.width,
                         ") is larger than the image (", height, "x", width,
@@ -401,8 +424,10 @@ RandomResizedCrop::RandomResizedCrop(Options options)
               options_.ratio[0], ", ", options_.ratio[1], ")");
 }
 
-Box RandomResizedCrop::get_params(std::int64_t height, std::int64_t width,
-                                  std::array<double, 2> scale, std::array<double, 2> ratio,
+Box RandomResizedCrop::get_params(std::int64_t height,
+                                  std::int64_t width,
+                                  std::array<double, 2> scale,
+                                  std::array<double, 2> ratio,
                                   at::Generator& generator) {
   const double area = static_cast<double>(height * width);
   // torch.log(torch.tensor(ratio)): float32.
@@ -461,10 +486,9 @@ void RandomResizedCrop::apply(detail::ImageState& image, SampleContext& ctx) con
     image.set_pixels(crop);
     return;
   }
-  image.set_pixels(detail::resample(crop,
-                                    detail::box_axis(0, crop.cols, static_cast<int>(size_.width)),
-                                    detail::box_axis(0, crop.rows, static_cast<int>(size_.height)),
-                                    options_.interpolation));
+  image.set_pixels(detail::resample(
+      crop, detail::box_axis(0, crop.cols, static_cast<int>(size_.width)),
+      detail::box_axis(0, crop.rows, static_cast<int>(size_.height)), options_.interpolation));
 }
 
 std::string RandomResizedCrop::describe() const {
@@ -513,7 +537,8 @@ torch::Tensor planar_from_table(const cv::Mat& p, const std::vector<std::array<f
   return out;
 }
 
-std::vector<std::array<float, 256>> table(int channels, const std::vector<double>* mean,
+std::vector<std::array<float, 256>> table(int channels,
+                                          const std::vector<double>* mean,
                                           const std::vector<double>* std) {
   std::vector<std::array<float, 256>> lut(static_cast<std::size_t>(channels));
   for (int ch = 0; ch < channels; ++ch) {
@@ -690,8 +715,9 @@ Example Compose::run(Example example, detail::ImageState& image, SampleContext& 
 void Compose::apply(detail::ImageState& image, SampleContext& ctx) const {
   for (const auto& step : steps_) {
     const auto* it = dynamic_cast<const ImageTransform*>(step.get());
-    FERRY_CHECK(it != nullptr, "Compose: a transform that is not an image transform cannot run "
-                               "inside a nested image pipeline");
+    FERRY_CHECK(it != nullptr,
+                "Compose: a transform that is not an image transform cannot run "
+                "inside a nested image pipeline");
     it->apply(image, ctx);
   }
 }

@@ -13,8 +13,9 @@ KeySpec mode_key() {
   return {.name = "mode",
           .type = ValueType::kString,
           .default_value = "rgb",
-          .help = "rgb (as torchvision's loader), gray, or unchanged (the file's channels and "
-                  "depth)",
+          .help =
+              "rgb (as torchvision's loader), gray, or unchanged (the file's channels and "
+              "depth)",
           .choices = {"rgb", "gray", "unchanged"}};
 }
 
@@ -38,8 +39,9 @@ KeySpec reduced_decode_key() {
   return {.name = "reduced_decode",
           .type = ValueType::kBool,
           .default_value = true,
-          .help = "a JPEG may decode at M/8 scale and only the needed region (faster; within "
-                  "the tolerance the README states); false: bit-exact with torchvision"};
+          .help =
+              "a JPEG may decode at M/8 scale and only the needed region (faster; within "
+              "the tolerance the README states); false: bit-exact with torchvision"};
 }
 
 KeySpec size_key(std::string help) {
@@ -52,7 +54,8 @@ KeySpec size_key(std::string help) {
 
 std::array<double, 2> pair_of(const Args& a, std::string_view key) {
   const auto v = a.get<std::vector<double>>(key);
-  if (v.size() != 2) a.fail(key, ferry::detail::str("expected two numbers (min, max); got ", v.size()));
+  if (v.size() != 2)
+    a.fail(key, ferry::detail::str("expected two numbers (min, max); got ", v.size()));
   return {v[0], v[1]};
 }
 
@@ -91,13 +94,16 @@ void register_vision_types(Registry& r) {
                  .help = "the folder with one sub-folder per class"},
                 {.name = "extensions",
                  .type = ValueType::kStringList,
-                 .default_value = [] {
-                   std::vector<Config> v;
-                   for (const auto& e : default_image_extensions()) v.emplace_back(e);
-                   return Config::list(std::move(v));
-                 }(),
+                 .default_value =
+                     [] {
+                       std::vector<Config> v;
+                       for (const auto& e : default_image_extensions()) v.emplace_back(e);
+                       return Config::list(std::move(v));
+                     }(),
                  .help = "file extensions kept (any case)"},
-                mode_key(), max_pixels_key(), decode_key},
+                mode_key(),
+                max_pixels_key(),
+                decode_key},
        .builtin = true},
       [](const Args& a) {
         ImageFolder::Options o;
@@ -110,11 +116,11 @@ void register_vision_types(Registry& r) {
       {.name = "image_list",
        .summary = "images listed as 'path,label' lines of a text or CSV file (paths relative to "
                   "the file); fields image, label, index, path",
-       .keys = {{.name = "file",
-                 .type = ValueType::kString,
-                 .required = true,
-                 .help = "the list file"},
-                mode_key(), max_pixels_key(), decode_key},
+       .keys =
+           {{.name = "file", .type = ValueType::kString, .required = true, .help = "the list file"},
+            mode_key(),
+            max_pixels_key(),
+            decode_key},
        .builtin = true},
       [](const Args& a) {
         return std::make_shared<ImageList>(a.get<std::string>("file"), image_options(a));
@@ -134,7 +140,8 @@ void register_vision_types(Registry& r) {
       {.name = "resize",
        .summary = "torchvision's Resize: [s] scales the shorter side to s, [h, w] exactly; "
                   "antialiased",
-       .keys = {size_key("[shorter side] or [height, width]"), interpolation_key(),
+       .keys = {size_key("[shorter side] or [height, width]"),
+                interpolation_key(),
                 {.name = "max_size",
                  .type = ValueType::kInt,
                  .help = "cap on the longer side (only with one size)",
@@ -207,7 +214,8 @@ void register_vision_types(Registry& r) {
                  .default_value = Config::list({3.0 / 4.0, 4.0 / 3.0}),
                  .help = "(min, max) aspect ratio",
                  .min = 0},
-                interpolation_key(), reduced_decode_key()},
+                interpolation_key(),
+                reduced_decode_key()},
        .builtin = true},
       [](const Args& a) {
         return std::make_shared<RandomResizedCrop>(RandomResizedCrop::Options{
@@ -224,16 +232,18 @@ void register_vision_types(Registry& r) {
                       .help = "probability of flipping",
                       .min = 0,
                       .max = 1};
-  r.add_transform({.name = "random_horizontal_flip",
-                   .summary = "torchvision's RandomHorizontalFlip",
-                   .keys = {p_key},
-                   .builtin = true},
-                  [](const Args& a) { return std::make_shared<RandomFlip>(true, a.get<double>("p")); });
-  r.add_transform({.name = "random_vertical_flip",
-                   .summary = "torchvision's RandomVerticalFlip",
-                   .keys = {p_key},
-                   .builtin = true},
-                  [](const Args& a) { return std::make_shared<RandomFlip>(false, a.get<double>("p")); });
+  r.add_transform(
+      {.name = "random_horizontal_flip",
+       .summary = "torchvision's RandomHorizontalFlip",
+       .keys = {p_key},
+       .builtin = true},
+      [](const Args& a) { return std::make_shared<RandomFlip>(true, a.get<double>("p")); });
+  r.add_transform(
+      {.name = "random_vertical_flip",
+       .summary = "torchvision's RandomVerticalFlip",
+       .keys = {p_key},
+       .builtin = true},
+      [](const Args& a) { return std::make_shared<RandomFlip>(false, a.get<double>("p")); });
 
   const auto jitter_key = [](const char* name, const char* help, double max) {
     return KeySpec{.name = name,
@@ -259,39 +269,39 @@ void register_vision_types(Registry& r) {
                                  .hue = a.get<double>("hue")});
       });
 
-  r.add_transform(
-      {.name = "to_tensor",
-       .summary = "torchvision's ToTensor: C x H x W float32 in [0, 1] (dtype uint8: "
-                  "PILToTensor)",
-       .keys = {{.name = "dtype",
-                 .type = ValueType::kString,
-                 .default_value = "float32",
-                 .help = "float32 (scaled to [0, 1]) or uint8 (as stored)",
-                 .choices = {"float32", "uint8"}}},
-       .builtin = true},
-      [](const Args& a) { return std::make_shared<ToTensor>(a.get<std::string>("dtype") == "uint8"); });
+  r.add_transform({.name = "to_tensor",
+                   .summary = "torchvision's ToTensor: C x H x W float32 in [0, 1] (dtype uint8: "
+                              "PILToTensor)",
+                   .keys = {{.name = "dtype",
+                             .type = ValueType::kString,
+                             .default_value = "float32",
+                             .help = "float32 (scaled to [0, 1]) or uint8 (as stored)",
+                             .choices = {"float32", "uint8"}}},
+                   .builtin = true},
+                  [](const Args& a) {
+                    return std::make_shared<ToTensor>(a.get<std::string>("dtype") == "uint8");
+                  });
   r.add_transform({.name = "pil_to_tensor",
                    .summary = "torchvision's PILToTensor: C x H x W uint8, for pipelines that "
                               "normalise on the GPU",
                    .builtin = true},
                   [](const Args&) { return std::make_shared<ToTensor>(true); });
 
-  r.add_transform(
-      {.name = "normalize",
-       .summary = "torchvision's Normalize: (x - mean) / std per channel",
-       .keys = {{.name = "mean",
-                 .type = ValueType::kFloatList,
-                 .required = true,
-                 .help = "one per channel, e.g. [0.485, 0.456, 0.406]"},
-                {.name = "std",
-                 .type = ValueType::kFloatList,
-                 .required = true,
-                 .help = "one per channel, e.g. [0.229, 0.224, 0.225]"}},
-       .builtin = true},
-      [](const Args& a) {
-        return std::make_shared<Normalize>(a.get<std::vector<double>>("mean"),
-                                           a.get<std::vector<double>>("std"));
-      });
+  r.add_transform({.name = "normalize",
+                   .summary = "torchvision's Normalize: (x - mean) / std per channel",
+                   .keys = {{.name = "mean",
+                             .type = ValueType::kFloatList,
+                             .required = true,
+                             .help = "one per channel, e.g. [0.485, 0.456, 0.406]"},
+                            {.name = "std",
+                             .type = ValueType::kFloatList,
+                             .required = true,
+                             .help = "one per channel, e.g. [0.229, 0.224, 0.225]"}},
+                   .builtin = true},
+                  [](const Args& a) {
+                    return std::make_shared<Normalize>(a.get<std::vector<double>>("mean"),
+                                                       a.get<std::vector<double>>("std"));
+                  });
 }
 
 }  // namespace ferry::vision

@@ -119,7 +119,8 @@ TEST(Registry, EveryBadNodeIsAConfigErrorNamingPathKeyAndFix) {
       ThrowsMessage<ConfigError>(HasSubstr("expected one of fast, slow, found 'warp'")));
   EXPECT_THAT(
       [&] {
-        resolve(Config::map({{"type", "constant"}, {"size", 1}, {"tags", Config::map({{"a", 1}})}}));
+        resolve(
+            Config::map({{"type", "constant"}, {"size", 1}, {"tags", Config::map({{"a", 1}})}}));
       },
       ThrowsMessage<ConfigError>(HasSubstr("expected list of string (or one string), found")));
   EXPECT_THAT([&] { resolve(Config::list({1})); },

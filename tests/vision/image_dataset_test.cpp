@@ -30,14 +30,16 @@ std::string read_bytes(const std::string& path) {
 
 void write_bytes(const fs::path& path, std::string_view bytes) {
   fs::create_directories(path.parent_path());
-  std::ofstream(path, std::ios::binary).write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  std::ofstream(path, std::ios::binary)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
 
 // A scratch folder, removed afterwards.
 class Scratch {
  public:
-  Scratch() : path_(fs::temp_directory_path() / ("ferry_vision_" + std::to_string(::getpid()) +
-                                                 "_" + std::to_string(counter_++))) {
+  Scratch()
+      : path_(fs::temp_directory_path() /
+              ("ferry_vision_" + std::to_string(::getpid()) + "_" + std::to_string(counter_++))) {
     fs::remove_all(path_);
     fs::create_directories(path_);
   }
@@ -103,9 +105,8 @@ TEST(ImageFolder, RefusesAMissingRootNoClassesAndAClassWithoutImages) {
   s.copy("rgb_31x17.jpg", "cat/a.jpg");
   write_bytes(s.path() / "dog" / "readme.txt", "x");
   EXPECT_THAT([&] { ImageFolder(s.path().string()); },
-              testing::ThrowsMessage<DataError>(
-                  testing::AllOf(HasSubstr("no valid file for the classes dog"),
-                                 HasSubstr(".jpg, .jpeg, .png"))));
+              testing::ThrowsMessage<DataError>(testing::AllOf(
+                  HasSubstr("no valid file for the classes dog"), HasSubstr(".jpg, .jpeg, .png"))));
 }
 
 TEST(ImageList, ReadsPathLabelLinesRelativeToTheFile) {
@@ -127,9 +128,8 @@ TEST(ImageList, ALineWithoutALabelNamesTheFileAndLine) {
   Scratch s;
   write_bytes(s.path() / "bad.csv", "a.jpg,1\nb.jpg\n");
   const std::string file = (s.path() / "bad.csv").string();
-  EXPECT_THAT([&] { ImageList{file}; },
-              testing::ThrowsMessage<DataError>(
-                  testing::AllOf(HasSubstr(file + ":2"), HasSubstr("no label column"))));
+  EXPECT_THAT([&] { ImageList{file}; }, testing::ThrowsMessage<DataError>(testing::AllOf(
+                                            HasSubstr(file + ":2"), HasSubstr("no label column"))));
   write_bytes(s.path() / "bad2.csv", "a.jpg,cat\n");
   EXPECT_THAT([&] { ImageList((s.path() / "bad2.csv").string()); },
               testing::ThrowsMessage<DataError>(HasSubstr("bad2.csv:1: expected 'path,label' "
@@ -156,7 +156,9 @@ std::shared_ptr<ImageList> list_of(const Scratch& s,
   return std::make_shared<ImageList>((s.path() / "list.csv").string(), std::move(options));
 }
 
-void expect_data_error(const Dataset& d, std::size_t i, const std::string& path,
+void expect_data_error(const Dataset& d,
+                       std::size_t i,
+                       const std::string& path,
                        const std::string& reason) {
   try {
     get(d, i);
@@ -217,8 +219,8 @@ TEST(BadInput, EmptyTextBombAndMissingFilesRaiseDataErrorNamingPathIndexAndReaso
 void truncate_everywhere(const std::string& name, std::size_t min_failures) {
   Scratch s;
   const std::string bytes = read_bytes(kImages + "/" + name);
-  const torch::Tensor full = decode_image(
-      {reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size()});
+  const torch::Tensor full =
+      decode_image({reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size()});
   std::vector<std::pair<std::string, std::string>> files;
   for (std::size_t cut = 0; cut < bytes.size(); ++cut) {
     files.emplace_back("cut_" + std::to_string(cut) + "_" + name, bytes.substr(0, cut));
@@ -273,8 +275,8 @@ class Skip : public ::testing::TestWithParam<std::size_t> {};
 TEST_P(Skip, SkippedSamplesAreCountedListedAndNeverDelivered) {
   Scratch s;
   auto dataset = mixed(s);
-  DataLoader loader(dataset, {.batch_size = 3, .num_workers = GetParam(), .seed = 1,
-                              .on_error = OnError::kSkip});
+  DataLoader loader(
+      dataset, {.batch_size = 3, .num_workers = GetParam(), .seed = 1, .on_error = OnError::kSkip});
   std::multiset<std::int64_t> delivered;
   std::vector<std::size_t> sizes;
   for (auto& batch : loader) {
@@ -325,8 +327,9 @@ TEST_P(Skip, RaiseNamesTheSampleAndGoesOn) {
   EXPECT_EQ(loader.stats().skipped, 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Workers, Skip, ::testing::Values(0, 2),
-                         [](const auto& info) { return "num_workers_" + std::to_string(info.param); });
+INSTANTIATE_TEST_SUITE_P(Workers, Skip, ::testing::Values(0, 2), [](const auto& info) {
+  return "num_workers_" + std::to_string(info.param);
+});
 
 // The README's example, as written there.
 TEST(Pipeline, TheReadmeExampleRuns) {
@@ -335,13 +338,15 @@ TEST(Pipeline, TheReadmeExampleRuns) {
     s.copy("rgb_500x375.jpg", fs::path(i % 2 ? "cat" : "dog") / ("p" + std::to_string(i) + ".jpg"));
   }
   namespace fv = ferry::vision;
-  auto train = std::make_shared<fv::ImageFolder>(s.path().string(), fv::ImageFolder::Options{{
-      .transforms = {
-          std::make_shared<fv::RandomResizedCrop>(fv::RandomResizedCrop::Options{.size = {224}}),
-          std::make_shared<fv::RandomHorizontalFlip>(),
-          std::make_shared<fv::ToTensor>(),
-          std::make_shared<fv::Normalize>(std::vector{0.485, 0.456, 0.406},
-                                          std::vector{0.229, 0.224, 0.225})}}});
+  auto train = std::make_shared<fv::ImageFolder>(
+      s.path().string(),
+      fv::ImageFolder::Options{
+          {.transforms = {std::make_shared<fv::RandomResizedCrop>(
+                              fv::RandomResizedCrop::Options{.size = {224}}),
+                          std::make_shared<fv::RandomHorizontalFlip>(),
+                          std::make_shared<fv::ToTensor>(),
+                          std::make_shared<fv::Normalize>(std::vector{0.485, 0.456, 0.406},
+                                                          std::vector{0.229, 0.224, 0.225})}}});
   ferry::DataLoader loader(train, {.batch_size = 4, .shuffle = true, .num_workers = 2});
   std::vector<std::int64_t> labels;
   for (auto& batch : loader) {
@@ -378,8 +383,12 @@ TEST(Pipeline, BatchesIdenticalAcrossWorkersStartMethodsAndWorkerThreads) {
                                    {"std", Config::list({0.2, 0.2, 0.2})}})})}});
   auto dataset = Registry::global().make_dataset(node);
   const auto run = [&](std::size_t workers, StartMethod method, std::size_t threads) {
-    DataLoader loader(dataset, {.batch_size = 4, .shuffle = true, .num_workers = workers,
-                                .seed = 7, .start_method = method, .worker_threads = threads});
+    DataLoader loader(dataset, {.batch_size = 4,
+                                .shuffle = true,
+                                .num_workers = workers,
+                                .seed = 7,
+                                .start_method = method,
+                                .worker_threads = threads});
     std::vector<torch::Tensor> images;
     for (auto& batch : loader) images.push_back(batch["image"].clone());
     return images;
@@ -393,8 +402,8 @@ TEST(Pipeline, BatchesIdenticalAcrossWorkersStartMethodsAndWorkerThreads) {
            {2, StartMethod::kFork, 1},
            {2, StartMethod::kFork, 3},
            {2, StartMethod::kSpawn, 2}}) {
-    SCOPED_TRACE(testing::Message() << workers << " workers, " << to_string(method) << ", "
-                                    << threads << " threads");
+    SCOPED_TRACE(testing::Message()
+                 << workers << " workers, " << to_string(method) << ", " << threads << " threads");
     const auto images = run(workers, method, threads);
     ASSERT_EQ(images.size(), reference.size());
     for (std::size_t k = 0; k < images.size(); ++k) EXPECT_TRUE(images[k].equal(reference[k]));

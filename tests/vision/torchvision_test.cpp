@@ -15,9 +15,8 @@
 #include <string>
 #include <vector>
 
-#include <gtest/gtest.h>
-
 #include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
 
 #include "ferry/vision.h"
 
@@ -74,9 +73,8 @@ std::shared_ptr<const Transform> make(A&&... a) {
 std::shared_ptr<const Transform> exact_resize(std::vector<std::int64_t> size,
                                               std::optional<std::int64_t> max_size = {},
                                               bool reduced = false) {
-  return make<Resize>(Resize::Options{.size = std::move(size),
-                                      .max_size = max_size,
-                                      .reduced_decode = reduced});
+  return make<Resize>(
+      Resize::Options{.size = std::move(size), .max_size = max_size, .reduced_decode = reduced});
 }
 
 const std::vector<double> kMean{0.485, 0.456, 0.406};
@@ -138,8 +136,8 @@ TEST(Torchvision, EveryDeterministicPipelineMatchesBitForBit) {
     ASSERT_EQ(mine.scalar_type(), ref.scalar_type());
     const auto diff = (mine.to(torch::kFloat64) - ref.to(torch::kFloat64)).abs();
     EXPECT_EQ(diff.max().item<double>(), 0.0)
-        << "mismatching values: " << (diff > 0).sum().item<std::int64_t>() << " of "
-        << diff.numel() << ", mean absolute difference " << diff.mean().item<double>();
+        << "mismatching values: " << (diff > 0).sum().item<std::int64_t>() << " of " << diff.numel()
+        << ", mean absolute difference " << diff.mean().item<double>();
     ++checked;
   }
   EXPECT_EQ(checked, cases.size());

@@ -74,9 +74,7 @@ class ImageFolder : public ImageDataset {
   explicit ImageFolder(std::string root);
   ImageFolder(std::string root, Options options);
   const std::vector<std::string>& classes() const noexcept { return classes_; }
-  const std::map<std::string, std::int64_t>& class_to_idx() const noexcept {
-    return class_to_idx_;
-  }
+  const std::map<std::string, std::int64_t>& class_to_idx() const noexcept { return class_to_idx_; }
   const std::string& root() const noexcept { return root_; }
 
  private:
