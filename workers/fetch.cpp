@@ -7,14 +7,18 @@
 
 #if defined(FERRY_HAS_TBB)
 #include <tbb/blocked_range.h>
-#include <tbb/global_control.h>
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 #endif
 
+#include <unistd.h>
+
 #include <exception>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <thread>
 
 namespace ferry::workers {
 
@@ -41,18 +45,18 @@ Example load_one(const Dataset& dataset,
 
 #if defined(FERRY_HAS_TBB)
 // One arena per process and thread count, made on first use: in a worker, after the fork.
-// worker_threads is the user's choice, so TBB may run more threads than the machine has cores.
+// One arena per process and thread count, never destroyed while the process lives (loaders on
+// several threads may use them at once). Keyed by pid: a forked worker must not use the
+// parent's arena, whose threads did not survive the fork. TBB caps an arena at the machine's
+// hardware threads.
 tbb::task_arena& arena_for(std::size_t threads) {
-  static std::unique_ptr<tbb::global_control> limit;
-  static std::unique_ptr<tbb::task_arena> arena;
-  static std::size_t arena_threads = 0;
-  if (!arena || arena_threads != threads) {
-    arena.reset();
-    limit = std::make_unique<tbb::global_control>(tbb::global_control::max_allowed_parallelism,
-                                                  threads);
-    arena = std::make_unique<tbb::task_arena>(static_cast<int>(threads));
-    arena_threads = threads;
-  }
+  static std::mutex mutex;
+  static std::map<std::pair<pid_t, std::size_t>, std::unique_ptr<tbb::task_arena>> arenas;
+  const std::size_t slots =
+      std::min<std::size_t>(threads, std::max(1u, std::thread::hardware_concurrency()));
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto& arena = arenas[{::getpid(), slots}];
+  if (!arena) arena = std::make_unique<tbb::task_arena>(static_cast<int>(slots));
   return *arena;
 }
 #endif
@@ -74,7 +78,11 @@ FetchedBatch fetch_batch(const Dataset& dataset,
                          const WorkerIdentity& who,
                          const FetchOptions& options,
                          std::int64_t* failing_index) {
-  for (const std::int64_t index : indices) check_index(dataset_size, index);
+  for (const std::int64_t index : indices) {
+    if (failing_index != nullptr) *failing_index = index;
+    check_index(dataset_size, index);
+  }
+  if (failing_index != nullptr) *failing_index = -1;
   const std::size_t n = indices.size();
   std::vector<std::optional<Example>> loaded(n);
   std::vector<std::exception_ptr> errors(n);
@@ -124,6 +132,10 @@ FetchedBatch fetch_batch(const Dataset& dataset,
     }
     try {
       std::rethrow_exception(errors[i]);
+    } catch (const ConfigError&) {
+      // A misconfigured pipeline is not bad data: skipping would drop every sample quietly.
+      if (failing_index != nullptr) *failing_index = indices[i];
+      throw;
     } catch (...) {
       out.skipped.push_back(
           {indices[i], current_exception_type_name(), current_exception_message()});

@@ -43,6 +43,7 @@ struct FetchedBatch {
 
 // Loads the samples of one batch of a map-style dataset, each with its own SampleContext seeded
 // from (base_seed, epoch, index) and tagged with its dataset index, `options.threads` at a time.
+// Under skip, a ferry::ConfigError still raises (a misconfigured pipeline is not bad data).
 // Under raise, the first failing sample (in index order) sets `*failing_index` and its exception
 // propagates unchanged; under skip it is recorded and left out. An index outside the dataset always
 // raises ferry::DataError (a sampler bug, not bad data).

@@ -60,7 +60,8 @@ struct DataLoaderOptions {
   std::chrono::milliseconds sample_timeout{0};
   /// Not in PyTorch: threads that load the samples of one batch in parallel inside each worker
   /// (in the calling thread's process with num_workers = 0), in a TBB arena. LibTorch's own
-  /// intra-op pool stays at one thread (see DESIGN.md). Needs a build with TBB.
+  /// intra-op pool stays at one thread (see DESIGN.md). Needs a build with TBB; at most the
+  /// machine's hardware threads run.
   std::size_t worker_threads = 1;
   /// Not in PyTorch: raise (default) or skip samples whose Dataset::get throws. Skipped samples
   /// are counted and listed in DataLoader::stats(); a batch holds the samples that loaded (a

@@ -206,7 +206,13 @@ bool jpeg_read_rows(JpegDecoder& d, std::uint8_t* out, std::size_t stride, JDIME
   if (setjmp(d.error.jump)) return false;
   for (JDIMENSION r = 0; r < rows;) {
     JSAMPROW row = out + r * stride;
-    r += jpeg_read_scanlines(&d.cinfo, &row, 1);
+    const JDIMENSION n = jpeg_read_scanlines(&d.cinfo, &row, 1);
+    if (n == 0) {  // no more rows where the window expected some: never spin
+      std::snprintf(d.error.message, sizeof d.error.message, "image data ended at row %u of %u",
+                    static_cast<unsigned>(r), static_cast<unsigned>(rows));
+      return false;
+    }
+    r += n;
   }
   jpeg_abort_decompress(&d.cinfo);  // the rest of the file is not needed
   return true;
@@ -378,6 +384,8 @@ DecodedRegion decode_png(std::span<const std::uint8_t> bytes, const DecodeReques
   cv::Mat out(height, width, CV_MAKETYPE(depth == 16 ? CV_16U : CV_8U, channels));
   std::vector<png_bytep> rows(static_cast<std::size_t>(height));
   for (int y = 0; y < height; ++y) rows[static_cast<std::size_t>(y)] = out.ptr<png_byte>(y);
+  FERRY_ASSERT(png_get_rowbytes(d.png, d.info) == out.step[0],
+               "libpng's row size differs from the planned image row");
   if (!png_read_pixels(d, rows.data())) throw DataError(str("PNG decoder: ", d.error.message));
   if (request.mode == ImageMode::kGray && channels == 3) out = rgb_to_gray(out);
   DecodedRegion region;

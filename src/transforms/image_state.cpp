@@ -52,7 +52,14 @@ DecodedRegion ImageState::decode(DecodeRequest request) {
 cv::Mat& ImageState::pixels(const std::string& who) {
   if (stage_ == Stage::kEncoded) {
     set_pixels(decode({}).image);
-  } else if (stage_ == Stage::kTensor) {
+  }
+  if (stage_ == Stage::kPixels && pixels_.depth() != CV_8U) {
+    throw DataError(ferry::detail::str(
+        who,
+        " takes 8-bit images; this one has 16-bit pixels (decoded with mode unchanged); "
+        "decode with mode rgb or gray before image transforms"));
+  }
+  if (stage_ == Stage::kTensor) {
     throw ConfigError(ferry::detail::str(
         who, " works on images, but the image is already a tensor (", tensor_.scalar_type(), " ",
         tensor_.sizes(), "); put it before ToTensor"));

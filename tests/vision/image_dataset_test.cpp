@@ -327,6 +327,57 @@ TEST_P(Skip, RaiseNamesTheSampleAndGoesOn) {
   EXPECT_EQ(loader.stats().skipped, 0u);
 }
 
+TEST(SkipParallel, WorkerThreadsSkipTheSameSamplesInIndexOrder) {
+  Scratch s;
+  auto dataset = mixed(s);
+  for (const std::size_t workers : {0, 2}) {
+    DataLoader loader(dataset, {.batch_size = 3,
+                                .num_workers = workers,
+                                .seed = 1,
+                                .worker_threads = 2,
+                                .on_error = OnError::kSkip});
+    std::vector<std::int64_t> delivered;
+    for (auto& batch : loader) {
+      for (const auto i : batch.indices()) delivered.push_back(i);
+    }
+    EXPECT_EQ(delivered, (std::vector<std::int64_t>{0, 1, 2, 6, 7, 8, 10, 11}));
+    std::vector<std::int64_t> skipped;
+    for (const auto& k : loader.stats().skipped_samples) skipped.push_back(k.index);
+    EXPECT_EQ(skipped, (std::vector<std::int64_t>{3, 4, 5, 9}));
+  }
+}
+
+TEST(SkipParallel, AMisconfiguredPipelineRaisesEvenUnderSkip) {
+  Scratch s;
+  s.copy("gray_320x240.png", "img/a.png");
+  write_bytes(s.path() / "list.csv", "img/a.png,0\n");
+  // Gray images with a three-channel Normalize: a ConfigError, not bad data.
+  auto dataset = std::make_shared<ImageList>(
+      (s.path() / "list.csv").string(),
+      ImageDatasetOptions{.mode = ImageMode::kGray,
+                          .transforms = {std::make_shared<ToTensor>(),
+                                         std::make_shared<Normalize>(std::vector{0.5, 0.5, 0.5},
+                                                                     std::vector{0.2, 0.2, 0.2})}});
+  DataLoader loader(dataset, {.batch_size = 1, .on_error = OnError::kSkip});
+  auto it = loader.begin();
+  EXPECT_THROW((void)*it, ConfigError);
+  EXPECT_EQ(loader.stats().skipped, 0u);
+}
+
+TEST(BadInput, SixteenBitPixelsAreRefusedByImageTransformsNotMisread) {
+  Scratch s;
+  s.copy("rgb16_200x150.png", "a.png");
+  write_bytes(s.path() / "list.csv", "a.png,0\n");
+  ImageList unchanged((s.path() / "list.csv").string(), {.mode = ImageMode::kUnchanged});
+  const torch::Tensor raw = get(unchanged, 0)["image"].tensor();
+  EXPECT_EQ(raw.scalar_type(), torch::kInt32);  // 16-bit values, widened
+  EXPECT_GT(raw.max().item<std::int32_t>(), 255);
+  ImageList transformed(
+      (s.path() / "list.csv").string(),
+      {.mode = ImageMode::kUnchanged, .transforms = {std::make_shared<ToTensor>()}});
+  expect_data_error(transformed, 0, "a.png", "16-bit pixels");
+}
+
 INSTANTIATE_TEST_SUITE_P(Workers, Skip, ::testing::Values(0, 2), [](const auto& info) {
   return "num_workers_" + std::to_string(info.param);
 });

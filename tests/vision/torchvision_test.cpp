@@ -200,6 +200,8 @@ TEST(Torchvision, RandomResizedCropPicksTorchvisionsBoxForTheSameDraws) {
 }
 
 TEST(Torchvision, RandomCropAndFlipDrawLikeTorchvision) {
+  ASSERT_GT(lines("random_crop.txt").size(), 100u);
+  ASSERT_GT(lines("flips.txt").size(), 100u);
   for (const auto& r : lines("random_crop.txt")) {
     at::Generator g = seeded(std::stoull(r[0]));
     const auto ij = RandomCrop::get_params(std::stoll(r[1]), std::stoll(r[2]),

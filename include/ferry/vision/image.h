@@ -39,8 +39,9 @@ ImageInfo probe_image(std::span<const std::uint8_t> bytes);
 
 /// Decodes a JPEG, PNG (with libjpeg-turbo and libpng) or any other format OpenCV reads, into a
 /// height x width x channels tensor (uint8; int32 for 16-bit files under kUnchanged). Throws
-/// ferry::DataError with the decoder's reason for a corrupt or truncated file, and before
-/// allocating for an image of more than `max_pixels` pixels.
+/// ferry::DataError with the decoder's reason for a corrupt or truncated file, and for an image
+/// of more than `max_pixels` pixels: JPEGs and PNGs from their header, before allocating; other
+/// formats after OpenCV decodes them (OpenCV refuses more than 2^30 pixels itself).
 torch::Tensor decode_image(std::span<const std::uint8_t> bytes,
                            ImageMode mode = ImageMode::kRGB,
                            std::int64_t max_pixels = kDefaultMaxPixels);
