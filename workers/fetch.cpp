@@ -84,11 +84,29 @@ FetchedBatch fetch_batch(const Dataset& dataset,
   }
   if (failing_index != nullptr) *failing_index = -1;
   const std::size_t n = indices.size();
-  std::vector<std::optional<Example>> loaded(n);
-  std::vector<std::exception_ptr> errors(n);
   FetchedBatch out;
+  out.samples.reserve(n);
+  // Sample i failed with `error`: under skip it is recorded; otherwise (and always for a
+  // misconfigured pipeline, which is not bad data) it propagates with its index.
+  const auto failed = [&](std::size_t i, const std::exception_ptr& error) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const ConfigError&) {
+      if (failing_index != nullptr) *failing_index = indices[i];
+      throw;
+    } catch (...) {
+      if (!options.skip_errors) {
+        if (failing_index != nullptr) *failing_index = indices[i];
+        throw;
+      }
+      out.skipped.push_back(
+          {indices[i], current_exception_type_name(), current_exception_message()});
+    }
+  };
   if (options.threads > 1 && n > 1) {
 #if defined(FERRY_HAS_TBB)
+    std::vector<std::optional<Example>> loaded(n);
+    std::vector<std::exception_ptr> errors(n);
     arena_for(options.threads).execute([&] {
       tbb::parallel_for(tbb::blocked_range<std::size_t>(0, n, 1),
                         [&](const tbb::blocked_range<std::size_t>& range) {
@@ -101,45 +119,32 @@ FetchedBatch fetch_batch(const Dataset& dataset,
                           }
                         });
     });
+    for (std::size_t i = 0; i < n; ++i) {  // in index order: the first failure is the one raised
+      if (errors[i]) {
+        failed(i, errors[i]);
+      } else {
+        out.samples.push_back(std::move(*loaded[i]));
+      }
+    }
 #else
     FERRY_ASSERT(false, "worker_threads > 1 in a build without TBB (resolve() refuses it)");
 #endif
-  } else {
-    for (std::size_t i = 0; i < n; ++i) {
-      if (i > 0 && options.stop_requested && options.stop_requested()) {
-        out.stopped = true;
-        return out;
-      }
-      if (options.before_sample) options.before_sample(indices[i]);
-      try {
-        loaded[i] = load_one(dataset, indices[i], epoch, who);
-      } catch (...) {
-        errors[i] = std::current_exception();
-      }
-      if (options.after_sample) options.after_sample();
-      if (errors[i] && !options.skip_errors) break;  // raise: no point loading the rest
-    }
+    return out;
   }
-  out.samples.reserve(n);
   for (std::size_t i = 0; i < n; ++i) {
-    if (!errors[i]) {
-      if (loaded[i]) out.samples.push_back(std::move(*loaded[i]));
-      continue;
+    if (i > 0 && options.stop_requested && options.stop_requested()) {
+      out.stopped = true;
+      return out;
     }
-    if (!options.skip_errors) {
-      if (failing_index != nullptr) *failing_index = indices[i];
-      std::rethrow_exception(errors[i]);
-    }
+    if (options.before_sample) options.before_sample(indices[i]);
+    std::exception_ptr error;
     try {
-      std::rethrow_exception(errors[i]);
-    } catch (const ConfigError&) {
-      // A misconfigured pipeline is not bad data: skipping would drop every sample quietly.
-      if (failing_index != nullptr) *failing_index = indices[i];
-      throw;
+      out.samples.push_back(load_one(dataset, indices[i], epoch, who));
     } catch (...) {
-      out.skipped.push_back(
-          {indices[i], current_exception_type_name(), current_exception_message()});
+      error = std::current_exception();
     }
+    if (options.after_sample) options.after_sample();
+    if (error) failed(i, error);  // raises, unless skipping
   }
   return out;
 }

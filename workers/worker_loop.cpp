@@ -129,10 +129,12 @@ class Worker {
         who_{spec.worker_id, spec.num_workers, spec.base_seed} {
     fetch_options_.threads = spec.worker_threads;
     fetch_options_.skip_errors = spec.skip_errors;
-    fetch_options_.before_sample = [this](std::int64_t index) {
-      watchdog_.emplace(spec_.sample_timeout, index);
-    };
-    fetch_options_.after_sample = [this] { watchdog_.reset(); };
+    if (spec.sample_timeout.count() > 0) {
+      fetch_options_.before_sample = [this](std::int64_t index) {
+        watchdog_.emplace(spec_.sample_timeout, index);
+      };
+      fetch_options_.after_sample = [this] { watchdog_.reset(); };
+    }
     fetch_options_.stop_requested = [this] { return index_.peer_hung_up(); };
   }
 

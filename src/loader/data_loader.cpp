@@ -50,11 +50,8 @@ void LoaderState::record_skipped(std::uint64_t epoch,
 }
 
 Batch finish_batch(Batch batch, const LoaderState& state) {
-  {
-    const std::lock_guard<std::mutex> lock(state.stats_mutex);
-    ++state.stats.batches;
-    state.stats.samples += batch.size();
-  }
+  state.delivered_batches.fetch_add(1, std::memory_order_relaxed);
+  state.delivered_samples.fetch_add(batch.size(), std::memory_order_relaxed);
   if (state.pin) batch = batch.pin_memory();
   const auto& device = state.options.device;
   if (device && !device->is_cpu()) batch = batch.to(*device, /*non_blocking=*/state.pin);
@@ -371,8 +368,14 @@ std::uint64_t DataLoader::epoch() const noexcept { return state_->next_epoch; }
 const DataLoaderOptions& DataLoader::options() const noexcept { return state_->options; }
 
 LoaderStats DataLoader::stats() const {
-  const std::lock_guard<std::mutex> lock(state_->stats_mutex);
-  return state_->stats;
+  LoaderStats out;
+  {
+    const std::lock_guard<std::mutex> lock(state_->stats_mutex);
+    out = state_->stats;
+  }
+  out.batches = state_->delivered_batches.load(std::memory_order_relaxed);
+  out.samples = state_->delivered_samples.load(std::memory_order_relaxed);
+  return out;
 }
 
 DataLoader::Iterator::Iterator(std::shared_ptr<detail::EpochIterator> epoch)

@@ -55,8 +55,12 @@ struct LoaderState {
 
   // What was delivered and skipped, across epochs (DataLoader::stats()). Iterators update it
   // through their const view of the state.
+  // Delivered batches and samples are counted without a lock (one count per batch, on the hot
+  // path); the skip list takes the mutex.
+  mutable std::atomic<std::size_t> delivered_batches{0};
+  mutable std::atomic<std::size_t> delivered_samples{0};
   mutable std::mutex stats_mutex;
-  mutable LoaderStats stats;
+  mutable LoaderStats stats;  // the skips (skipped, skipped_samples)
   void record_skipped(std::uint64_t epoch,
                       const std::vector<workers::SkippedSample>& skipped) const;
 

@@ -69,7 +69,7 @@ MultiProcessEpoch::MultiProcessEpoch(std::shared_ptr<LoaderState> state, std::ui
       for (auto& w : pool_->workers) {
         w.exhausted = false;
         w.undelivered = 0;
-        if (!w.dead && w.index.send(bytes) != ipc::Channel::SendResult::kSent) worker_died(w);
+        if (!w.dead && w.index.send(bytes) != ipc::Channel::SendResult::kSent) worker_gone(w);
       }
     }
   } else {
@@ -281,7 +281,7 @@ bool MultiProcessEpoch::send_task(WorkerSlot& w,
     case ipc::Channel::SendResult::kSent:
       return true;
     case ipc::Channel::SendResult::kPeerGone:
-      worker_died(w);
+      worker_gone(w);
     case ipc::Channel::SendResult::kTimedOut:
       timed_out(state_->options.timeout);
   }
@@ -324,14 +324,7 @@ bool MultiProcessEpoch::wait_and_receive(std::optional<ipc::Clock::time_point> d
     const short data = fds[1 + 2 * i].revents;
     const short death = fds[2 + 2 * i].revents;
     if (data & POLLIN) receive_from(w);
-    if ((death & POLLIN) || (data & (POLLHUP | POLLERR))) {
-      // Deliver what it sent before it died, then report the death.
-      while (w.data.readable_now()) {
-        if (!w.data.valid()) break;
-        receive_from(w);
-      }
-      worker_died(w);
-    }
+    if ((death & POLLIN) || (data & (POLLHUP | POLLERR))) worker_gone(w);
   }
   return false;
 }
@@ -510,6 +503,11 @@ void MultiProcessEpoch::check_handshake(WorkerSlot& w, const ipc::WorkerReadyMes
   }
   w.ready = true;
   ++pool_->ready_workers;
+}
+
+void MultiProcessEpoch::worker_gone(WorkerSlot& w) {
+  while (w.data.valid() && w.data.readable_now()) receive_from(w);
+  worker_died(w);
 }
 
 void MultiProcessEpoch::worker_died(WorkerSlot& w) {

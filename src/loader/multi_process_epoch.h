@@ -58,6 +58,9 @@ class MultiProcessEpoch final : public EpochIterator {
                       std::vector<std::byte>& bytes,
                       std::vector<ipc::UniqueFd>& fds);
   [[noreturn]] void worker_died(WorkerSlot& w);
+  // A worker is gone (its pidfd fired, its channel hung up, or a send found no peer): first
+  // handle what it sent before it died (its own error report, say), then report the death.
+  [[noreturn]] void worker_gone(WorkerSlot& w);
   [[noreturn]] void timed_out(std::chrono::milliseconds waited);
   [[noreturn]] void fail(std::exception_ptr error);
   WorkerFailure failure_of(const WorkerSlot& w) const;

@@ -460,7 +460,7 @@ ImageInfo probe(std::span<const std::uint8_t> bytes) {
 }
 
 DecodedRegion decode(std::span<const std::uint8_t> bytes, const DecodeRequest& request) {
-  const ImageInfo info = probe(bytes);
+  const ImageInfo info = request.info != nullptr ? *request.info : probe(bytes);
   if (info.format != "other") check_pixels(info, request.max_pixels);
   if (info.format == "jpeg") return decode_jpeg(bytes, info, request);
   if (info.format == "png") return decode_png(bytes, request);

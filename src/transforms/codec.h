@@ -31,6 +31,7 @@ struct DecodeRequest {
   std::int64_t max_pixels = kDefaultMaxPixels;
   int scale_eighths = 8;  // JPEG: decode at scale_eighths/8 (1..8); other formats ignore it
   cv::Rect window{};      // JPEG: the part needed, in file pixels; empty: all of it
+  const ImageInfo* info = nullptr;  // the header, when the caller has probed it already
 };
 
 // The file's header (see probe_image).

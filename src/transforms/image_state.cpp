@@ -46,6 +46,7 @@ const ImageInfo& ImageState::info() {
 DecodedRegion ImageState::decode(DecodeRequest request) {
   request.mode = mode_;
   request.max_pixels = max_pixels_;
+  request.info = &info();  // probed once per image
   return detail::decode(bytes(), request);
 }
 

@@ -668,47 +668,35 @@ Compose::Compose(TransformList transforms) : transforms_(std::move(transforms)) 
 }
 
 Example Compose::operator()(Example example, SampleContext& ctx) const {
-  const Field* field = example.find("image");
-  if (field == nullptr) {
-    // No image yet: only the non-image steps can say what they need.
-    std::optional<detail::ImageState> none;
-    for (const auto& step : steps_) {
-      if (dynamic_cast<const ImageTransform*>(step.get()) == nullptr) {
-        example = (*step)(std::move(example), ctx);
-      } else if (const Field* f = example.find("image")) {
-        detail::ImageState state = detail::ImageState::from_field(f->tensor());
-        return run(std::move(example), state, ctx);
-      } else {
-        return ImageTransform::operator()(std::move(example), ctx);  // names the missing field
-      }
-    }
-    return example;
-  }
-  detail::ImageState state = detail::ImageState::from_field(field->tensor());
-  return run(std::move(example), state, ctx);
+  return run_steps(std::move(example), nullptr, ctx);
 }
 
 Example Compose::run(Example example, detail::ImageState& image, SampleContext& ctx) const {
-  bool live = true;  // `image` holds the current image (else the sample's field does)
+  return run_steps(std::move(example), &image, ctx);
+}
+
+Example Compose::run_steps(Example example, detail::ImageState* start, SampleContext& ctx) const {
+  std::optional<detail::ImageState> own;
+  detail::ImageState* image = start;  // the current image, or null: the sample's field holds it
   for (const auto& step : steps_) {
     if (const auto* it = dynamic_cast<const ImageTransform*>(step.get())) {
-      if (!live) {
+      if (image == nullptr) {
         const Field* field = example.find("image");
         if (field == nullptr) {
           throw ConfigError(str(it->describe(), " needs an 'image' field; the sample has ",
                                 example.field_names()));
         }
-        image = detail::ImageState::from_field(field->tensor());
-        live = true;
+        own = detail::ImageState::from_field(field->tensor());
+        image = &*own;
       }
-      it->apply(image, ctx);
+      it->apply(*image, ctx);
     } else {
-      if (live) example.set("image", image.to_field());
-      live = false;
+      if (image != nullptr) example.set("image", image->to_field());
+      image = nullptr;
       example = (*step)(std::move(example), ctx);
     }
   }
-  if (live) example.set("image", image.to_field());
+  if (image != nullptr) example.set("image", image->to_field());
   return example;
 }
 

@@ -253,6 +253,9 @@ class Compose : public ImageTransform {
   Example run(Example example, detail::ImageState& image, SampleContext& ctx) const;
 
  private:
+  // The steps, from `start` (null: from the sample's `image` field, read when a step needs it).
+  Example run_steps(Example example, detail::ImageState* start, SampleContext& ctx) const;
+
   TransformList transforms_;  // as given
   TransformList steps_;       // after fusing
 };
