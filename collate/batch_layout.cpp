@@ -134,7 +134,9 @@ void write_batch(const std::vector<Example>& samples, const BatchLayout& layout,
         case FieldKind::kTensor: {
           const at::Tensor& t = field.tensor();
           if (t.device().is_cpu() && t.is_contiguous()) {
-            if (f.sample_bytes > 0) std::memcpy(dst, t.data_ptr(), f.sample_bytes);
+            if (f.sample_bytes > 0 && t.data_ptr() != dst) {  // else: already in place
+              std::memcpy(dst, t.data_ptr(), f.sample_bytes);
+            }
           } else {
             // Strided or non-CPU sample: let ATen copy it into place, still exactly once.
             at::from_blob(dst, t.sizes(), at::TensorOptions().dtype(f.dtype)).copy_(t);
@@ -156,6 +158,82 @@ void write_batch(const std::vector<Example>& samples, const BatchLayout& layout,
       }
     }
   }
+}
+
+BatchLayout resize_layout(const BatchLayout& layout, std::size_t num_samples) {
+  BatchLayout out;
+  out.num_samples = num_samples;
+  std::size_t offset = 0;
+  for (FieldLayout f : layout.fields) {
+    if (f.kind != FieldKind::kString) {
+      f.sizes.front() = static_cast<std::int64_t>(num_samples);
+      offset = align_up(offset);
+      f.offset = offset;
+      f.nbytes = f.sample_bytes * num_samples;
+      offset += f.nbytes;
+    }
+    out.fields.push_back(std::move(f));
+  }
+  out.total_bytes = align_up(offset);
+  return out;
+}
+
+bool same_layout(const BatchLayout& a, const BatchLayout& b) noexcept {
+  if (a.num_samples != b.num_samples || a.total_bytes != b.total_bytes ||
+      a.fields.size() != b.fields.size()) {
+    return false;
+  }
+  for (std::size_t i = 0; i < a.fields.size(); ++i) {
+    const FieldLayout& x = a.fields[i];
+    const FieldLayout& y = b.fields[i];
+    if (x.name != y.name || x.kind != y.kind || x.dtype != y.dtype || x.sizes != y.sizes ||
+        x.offset != y.offset || x.sample_bytes != y.sample_bytes) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void* ExpectedBatch::find(std::size_t position,
+                          std::string_view field,
+                          c10::IntArrayRef sizes,
+                          c10::ScalarType dtype) const noexcept {
+  if (position >= layout_.num_samples) return nullptr;
+  for (const FieldLayout& f : layout_.fields) {
+    if (f.name != field) continue;
+    if (f.kind != FieldKind::kTensor || f.dtype != dtype || f.sample_bytes == 0 ||
+        f.sizes.size() != sizes.size() + 1 ||
+        !std::equal(sizes.begin(), sizes.end(), f.sizes.begin() + 1)) {
+      return nullptr;
+    }
+    return base_ + f.offset + position * f.sample_bytes;
+  }
+  return nullptr;
+}
+
+bool ExpectedBatch::can_write(const std::vector<Example>& samples,
+                              const BatchLayout& actual) const {
+  const bool expected_shape = same_layout(actual, layout_);
+  const auto* lo = reinterpret_cast<const std::byte*>(base_);
+  const auto* hi = lo + size_;
+  bool any_inside = false;
+  for (const FieldLayout& f : actual.fields) {
+    if (f.kind != FieldKind::kTensor) continue;
+    for (std::size_t i = 0; i < samples.size(); ++i) {
+      const at::Tensor& t = samples[i][f.name].tensor();
+      if (!t.has_storage()) continue;
+      const auto* start = static_cast<const std::byte*>(t.storage().data());
+      const auto* end = start + t.storage().nbytes();
+      if (end <= lo || start >= hi) continue;  // elsewhere: only read
+      any_inside = true;
+      const std::byte* place = base_ + f.offset + i * f.sample_bytes;
+      if (!expected_shape || !t.is_contiguous() || t.data_ptr() != place || start < place ||
+          end > place + f.sample_bytes) {
+        return false;
+      }
+    }
+  }
+  return any_inside ? expected_shape : actual.total_bytes <= size_;
 }
 
 BatchLayout plan_batch(const Batch& batch) {

@@ -10,6 +10,7 @@
 
 #include "ferry/batch.h"
 #include "ferry/example.h"
+#include "ferry/sample_context.h"
 
 namespace ferry::collate {
 
@@ -40,13 +41,47 @@ struct BatchLayout {
 // Throws ferry::CollateError naming the field, the samples' dataset indices and what differs.
 BatchLayout plan_batch(const std::vector<Example>& samples);
 
-// Writes every sample's numeric fields into `base` (layout.total_bytes bytes) exactly once.
+// The layout of a batch with the same fields as `layout`'s but `num_samples` samples.
+BatchLayout resize_layout(const BatchLayout& layout, std::size_t num_samples);
+
+// True when both place every field at the same offset, with the same kind, shape and dtype.
+bool same_layout(const BatchLayout& a, const BatchLayout& b) noexcept;
+
+// Writes every sample's numeric fields into `base` (layout.total_bytes bytes) exactly once. A
+// contiguous tensor that already lies at its place (SampleContext::output) is not copied.
 void write_batch(const std::vector<Example>& samples, const BatchLayout& layout, std::byte* base);
 
 // The same for a batch a user collate_fn built: its tensors are laid out contiguously in one
 // block, its string fields carried along. Throws ferry::CollateError for an undefined tensor.
 BatchLayout plan_batch(const Batch& batch);
 void write_batch(const Batch& batch, const BatchLayout& layout, std::byte* base);
+
+// The batch a loader expects to assemble next, in `size` bytes at `base` (a shared-memory
+// segment taken before its samples load), laid out as `layout` (the previous batch's, resized).
+// Samples ask it for their tensors' memory through SampleContext::output.
+class ExpectedBatch final : public ferry::detail::SampleOutputs {
+ public:
+  ExpectedBatch(BatchLayout layout, std::byte* base, std::size_t size)
+      : layout_(std::move(layout)), base_(base), size_(size) {}
+
+  void* find(std::size_t position,
+             std::string_view field,
+             c10::IntArrayRef sizes,
+             c10::ScalarType dtype) const noexcept override;
+
+  // Whether `samples`, planned as `actual`, may be written into this memory. Yes when no tensor
+  // of theirs lies in it and it is large enough, or when `actual` is the expected layout and
+  // every tensor that lies in it lies exactly at its own place, contiguous. No otherwise: the
+  // batch's shape changed (a skipped sample, a different size) or a tensor was moved, viewed
+  // differently or shared, and writing here could overwrite a sample before it is read. Then
+  // the batch goes to other memory and this memory is only read.
+  bool can_write(const std::vector<Example>& samples, const BatchLayout& actual) const;
+
+ private:
+  BatchLayout layout_;
+  std::byte* base_;
+  std::size_t size_;
+};
 
 class BufferPool;
 

@@ -36,8 +36,11 @@ void check_index(std::size_t dataset_size, std::int64_t index) {
 Example load_one(const Dataset& dataset,
                  std::int64_t index,
                  std::uint64_t epoch,
-                 const WorkerIdentity& who) {
+                 const WorkerIdentity& who,
+                 const ferry::detail::SampleOutputs* outputs,
+                 std::size_t position) {
   SampleContext ctx(who.base_seed, epoch, index, who.worker_id, who.num_workers);
+  ctx.set_outputs(outputs, position);
   Example example = dataset.get(static_cast<std::size_t>(index), ctx);
   example.set_index(index);
   return example;
@@ -112,7 +115,8 @@ FetchedBatch fetch_batch(const Dataset& dataset,
                         [&](const tbb::blocked_range<std::size_t>& range) {
                           for (std::size_t i = range.begin(); i != range.end(); ++i) {
                             try {
-                              loaded[i] = load_one(dataset, indices[i], epoch, who);
+                              loaded[i] =
+                                  load_one(dataset, indices[i], epoch, who, options.outputs, i);
                             } catch (...) {
                               errors[i] = std::current_exception();
                             }
@@ -139,7 +143,7 @@ FetchedBatch fetch_batch(const Dataset& dataset,
     if (options.before_sample) options.before_sample(indices[i]);
     std::exception_ptr error;
     try {
-      out.samples.push_back(load_one(dataset, indices[i], epoch, who));
+      out.samples.push_back(load_one(dataset, indices[i], epoch, who, options.outputs, i));
     } catch (...) {
       error = std::current_exception();
     }

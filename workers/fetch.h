@@ -28,6 +28,9 @@ using SkippedSample = ipc::SkippedSampleRecord;
 struct FetchOptions {
   std::size_t threads = 1;   // worker_threads: > 1 loads the samples in parallel (TBB)
   bool skip_errors = false;  // on_error = skip: a sample whose get() throws is left out
+  // The batch's expected memory, offered to each sample through SampleContext::output (its
+  // position in the batch is its position in `indices`). Null: none.
+  const ferry::detail::SampleOutputs* outputs = nullptr;
   // Sequential loading only: called around each Dataset::get (the worker's sample watchdog),
   // and between samples, true to stop early (the loader is shutting down).
   std::function<void(std::int64_t index)> before_sample{};

@@ -119,6 +119,40 @@ void prepare_worker_process(const WorkerSpec& spec) {
 
 namespace {
 
+// A segment taken before a batch's samples load, laid out as the batch is expected to be. It
+// goes back to the pool when the batch was not sent in it.
+class ExpectedSegment {
+ public:
+  explicit ExpectedSegment(SegmentPool& pool) : pool_(pool) {}
+  ~ExpectedSegment() {
+    if (lease_) pool_.release(lease_->id);
+  }
+  ExpectedSegment(const ExpectedSegment&) = delete;
+  ExpectedSegment& operator=(const ExpectedSegment&) = delete;
+
+  void expect(collate::BatchLayout layout) {
+    lease_ = pool_.acquire(layout.total_bytes);
+    batch_.emplace(std::move(layout), lease_->data, lease_->size);
+  }
+  const ferry::detail::SampleOutputs* outputs() const noexcept {
+    return batch_ ? &*batch_ : nullptr;
+  }
+  bool can_write(const std::vector<Example>& samples, const collate::BatchLayout& actual) const {
+    return lease_ && batch_->can_write(samples, actual);
+  }
+  // The segment, now the caller's (to send, or to release on failure).
+  SegmentPool::Lease take() {
+    SegmentPool::Lease lease = *lease_;
+    lease_.reset();
+    return lease;
+  }
+
+ private:
+  SegmentPool& pool_;
+  std::optional<SegmentPool::Lease> lease_;
+  std::optional<collate::ExpectedBatch> batch_;
+};
+
 class Worker {
  public:
   Worker(const WorkerSpec& spec, ipc::Channel index, ipc::Channel data)
@@ -180,13 +214,21 @@ class Worker {
 
  private:
   void handle(const ipc::TaskMessage& task) {
+    ExpectedSegment expected(pool_);  // outlives the samples, whose tensors may lie in it
     std::vector<Example> samples;
     std::vector<SkippedSample> skipped;
     std::int64_t failing_index = -1;
     try {
       if (spec_.dataset) {
+        // With the default collate, the batch will most likely be laid out as the previous one
+        // was: take its segment now, so that samples can build their tensors in place.
+        if (!spec_.collate_fn && last_layout_ && !task.indices.empty()) {
+          expected.expect(collate::resize_layout(*last_layout_, task.indices.size()));
+        }
+        fetch_options_.outputs = expected.outputs();
         FetchedBatch fetched = fetch_batch(*spec_.dataset, dataset_size_, task.indices, task.epoch,
                                            who_, fetch_options_, &failing_index);
+        fetch_options_.outputs = nullptr;
         // A loader that is shutting down has hung up: stop now rather than after the whole
         // batch (a slow dataset could outlast the grace period).
         if (fetched.stopped) exit_now(0);
@@ -204,7 +246,7 @@ class Worker {
       } else if (!read_stream(task, samples)) {
         return;
       }
-      send_batch(task, std::move(samples), std::move(skipped));
+      send_batch(task, std::move(samples), std::move(skipped), expected);
     } catch (...) {
       ipc::SampleErrorMessage error;
       error.epoch = task.epoch;
@@ -236,7 +278,8 @@ class Worker {
 
   void send_batch(const ipc::TaskMessage& task,
                   std::vector<Example> samples,
-                  std::vector<SkippedSample> skipped) {
+                  std::vector<SkippedSample> skipped,
+                  ExpectedSegment& expected) {
     ipc::BatchReadyMessage ready;
     ready.epoch = task.epoch;
     ready.sequence = task.sequence;
@@ -251,8 +294,12 @@ class Worker {
       layout = collate::plan_batch(*user_batch);
     } else {
       layout = collate::plan_batch(samples);
+      last_layout_ = layout;
     }
-    const SegmentPool::Lease lease = pool_.acquire(layout.total_bytes);
+    // The expected segment when the samples may be written there (most are already in place);
+    // otherwise another, and the expected one is only read from, then freed.
+    const SegmentPool::Lease lease =
+        expected.can_write(samples, layout) ? expected.take() : pool_.acquire(layout.total_bytes);
     try {
       fill_and_send(ready, layout, lease, samples, user_batch);
     } catch (...) {
@@ -335,7 +382,8 @@ class Worker {
   WorkerIdentity who_;
   std::optional<StreamReader> stream_;
   FetchOptions fetch_options_;
-  std::optional<SampleWatchdog> watchdog_;  // armed around each sample (sample_timeout)
+  std::optional<collate::BatchLayout> last_layout_;  // the last default-collated batch's
+  std::optional<SampleWatchdog> watchdog_;           // armed around each sample (sample_timeout)
   std::size_t dataset_size_ = spec_.dataset ? spec_.dataset->size() : 0;
 };
 

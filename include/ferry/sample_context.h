@@ -2,10 +2,27 @@
 
 #include <cstdint>
 #include <optional>
+#include <string_view>
 
 #include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
 
 namespace ferry {
+
+namespace detail {
+/// Where the loader would like the tensor fields of the samples it is loading: memory in the
+/// batch being assembled, laid out as it expects the batch to be. Set by the loader.
+class SampleOutputs {
+ public:
+  virtual ~SampleOutputs() = default;
+  /// The memory of field `field` of the batch's sample `position`, when the expected batch holds
+  /// that field with these sizes (one sample's) and dtype; null otherwise.
+  virtual void* find(std::size_t position,
+                     std::string_view field,
+                     c10::IntArrayRef sizes,
+                     c10::ScalarType dtype) const noexcept = 0;
+};
+}  // namespace detail
 
 /// What a dataset knows about the sample it is asked for: which worker loads it, the epoch, and a
 /// random generator seeded from `(seed, epoch, index)` alone. Augmentations drawn from it are
@@ -50,6 +67,20 @@ class SampleContext {
   /// True with probability `p`, from `generator()`.
   bool bernoulli(double p = 0.5);
 
+  /// Memory for a contiguous tensor that this sample will return as field `field`, with these
+  /// sizes and dtype; its contents are undefined. Where the loader expects the batch to hold
+  /// that field in that shape, the tensor already lies in the batch's (shared) memory, and
+  /// collating it copies nothing; otherwise it is a fresh tensor. Either way the sample is
+  /// collated correctly, whatever it returns. The tensor must not be kept past `Dataset::get`.
+  at::Tensor output(std::string_view field, c10::IntArrayRef sizes, c10::ScalarType dtype);
+
+  /// Called by the loader: the sample is item `position` of a batch whose memory `outputs`
+  /// describes (null: none). `outputs` must outlive this context.
+  void set_outputs(const detail::SampleOutputs* outputs, std::size_t position) noexcept {
+    outputs_ = outputs;
+    position_ = position;
+  }
+
   /// The per-sample seed the loader uses: a SplitMix64-style hash, stable across releases.
   static std::uint64_t mix_seed(std::uint64_t base_seed, std::uint64_t epoch, std::int64_t index);
 
@@ -61,6 +92,8 @@ class SampleContext {
   std::size_t num_workers_;
   std::uint64_t seed_;
   std::optional<at::Generator> generator_;
+  const detail::SampleOutputs* outputs_ = nullptr;
+  std::size_t position_ = 0;
 
   std::uint64_t random64();
   SampleContext(std::uint64_t base_seed,

@@ -3,6 +3,8 @@
 #include <mutex>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
 
 #include "ferry/error.h"
 
@@ -88,5 +90,17 @@ std::int64_t SampleContext::randint(std::int64_t low, std::int64_t high) {
 }
 
 bool SampleContext::bernoulli(double p) { return uniform() < p; }
+
+at::Tensor SampleContext::output(std::string_view field,
+                                 c10::IntArrayRef sizes,
+                                 c10::ScalarType dtype) {
+  const auto options = at::TensorOptions().dtype(dtype);
+  if (outputs_ != nullptr) {
+    if (void* memory = outputs_->find(position_, field, sizes, dtype)) {
+      return at::from_blob(memory, sizes, options);
+    }
+  }
+  return at::empty(sizes, options);
+}
 
 }  // namespace ferry

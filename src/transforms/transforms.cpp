@@ -519,10 +519,13 @@ std::string RandomFlip::describe() const {
 
 namespace {
 
-// C x H x W float32 from H x W x C uint8 through a per-channel table of 256 values.
-torch::Tensor planar_from_table(const cv::Mat& p, const std::vector<std::array<float, 256>>& lut) {
+// C x H x W float32 from H x W x C uint8 through a per-channel table of 256 values, written
+// where the sample's `image` field will lie in its batch when the loader knows (ctx.output).
+torch::Tensor planar_from_table(const cv::Mat& p,
+                                const std::vector<std::array<float, 256>>& lut,
+                                SampleContext& ctx) {
   const int c = p.channels();
-  torch::Tensor out = torch::empty({c, p.rows, p.cols}, torch::kFloat32);
+  torch::Tensor out = ctx.output("image", {c, p.rows, p.cols}, torch::kFloat32);
   float* o = out.data_ptr<float>();
   const std::size_t plane = static_cast<std::size_t>(p.rows) * p.cols;
   for (int y = 0; y < p.rows; ++y) {
@@ -564,14 +567,16 @@ void check_channels(const std::vector<double>& v, int channels, const std::strin
 
 ToTensor::ToTensor(bool uint8) : uint8_(uint8) {}
 
-void ToTensor::apply(detail::ImageState& image, SampleContext&) const {
+void ToTensor::apply(detail::ImageState& image, SampleContext& ctx) const {
   const cv::Mat& p = image.pixels(describe());
   if (uint8_) {
     torch::Tensor hwc = detail::to_tensor(p.isContinuous() && p.u != nullptr ? p : p.clone());
-    image.set_tensor(hwc.permute({2, 0, 1}).contiguous());
+    torch::Tensor chw = ctx.output("image", {p.channels(), p.rows, p.cols}, torch::kUInt8);
+    chw.copy_(hwc.permute({2, 0, 1}));
+    image.set_tensor(std::move(chw));
     return;
   }
-  image.set_tensor(planar_from_table(p, table(p.channels(), nullptr, nullptr)));
+  image.set_tensor(planar_from_table(p, table(p.channels(), nullptr, nullptr), ctx));
 }
 
 std::string ToTensor::describe() const { return uint8_ ? "PILToTensor()" : "ToTensor()"; }
@@ -619,12 +624,12 @@ class NormalizedToTensor : public ImageTransform {
   explicit NormalizedToTensor(std::shared_ptr<const Normalize> normalize)
       : normalize_(std::move(normalize)) {}
 
-  void apply(ImageState& image, SampleContext&) const override {
+  void apply(ImageState& image, SampleContext& ctx) const override {
     const cv::Mat& p = image.pixels(describe());
     check_channels(normalize_->mean(), p.channels(), normalize_->describe());
     check_channels(normalize_->std(), p.channels(), normalize_->describe());
     image.set_tensor(
-        planar_from_table(p, table(p.channels(), &normalize_->mean(), &normalize_->std())));
+        planar_from_table(p, table(p.channels(), &normalize_->mean(), &normalize_->std()), ctx));
   }
 
   std::string describe() const override { return "ToTensor(), " + normalize_->describe(); }

@@ -4,7 +4,11 @@
 
 #include <unistd.h>
 
+#include <cinttypes>
+#include <cstdio>
+#include <fstream>
 #include <map>
+#include <optional>
 #include <set>
 
 #include <gmock/gmock.h>
@@ -415,6 +419,112 @@ TEST(MultiProcessFork, StringFieldsTravel) {
   }
   EXPECT_EQ(paths, (std::vector<std::string>{"img0.jpg", "img1.jpg", "img2.jpg", "img3.jpg",
                                              "img4.jpg", "img5.jpg"}));
+}
+
+// True when `address` lies in one of this process's ferry shared-memory segments.
+bool in_ferry_segment(const void* address) {
+  std::ifstream maps("/proc/self/maps");
+  const auto a = reinterpret_cast<std::uintptr_t>(address);
+  std::string line;
+  while (std::getline(maps, line)) {
+    std::uintptr_t lo = 0, hi = 0;
+    if (std::sscanf(line.c_str(), "%" SCNxPTR "-%" SCNxPTR, &lo, &hi) != 2) continue;
+    if (a >= lo && a < hi) return line.find("memfd:ferry-w") != std::string::npos;
+  }
+  return false;
+}
+
+// Builds "x" through SampleContext::output, so that a worker can build it in its batch's memory:
+// sample i holds i * 1000 + k at flat position k, and "in_segment" says whether its memory was a
+// worker's shared-memory segment. The modes are the cases where that memory must not be written:
+// shapes that change from batch to batch, failing samples (skipped), a tensor returned as a
+// strided view of its memory, one tensor in two fields.
+class InPlaceDataset : public Dataset {
+ public:
+  enum class Mode { kPlain, kVaryingShapes, kFailures, kStridedView, kSharedField };
+  InPlaceDataset(std::size_t n, Mode mode) : n_(n), mode_(mode) {}
+  std::size_t size() const override { return n_; }
+  Example get(std::size_t index, SampleContext& ctx) const override {
+    if (mode_ == Mode::kFailures && index % 7 == 3) {
+      throw DataError("sample " + std::to_string(index) + " is bad");
+    }
+    const std::int64_t cols =
+        mode_ == Mode::kVaryingShapes ? 4 + static_cast<std::int64_t>(index / 8) : 4;
+    const torch::Tensor memory = ctx.output("x", {4, cols}, torch::kFloat32);
+    const bool in_segment = in_ferry_segment(memory.data_ptr());
+    // Column-major over the same memory: same shape and place, not contiguous.
+    const torch::Tensor x =
+        mode_ == Mode::kStridedView ? memory.as_strided({4, cols}, {1, 4}) : memory;
+    x.copy_(torch::arange(4 * cols, torch::kFloat32).view({4, cols}) +
+            1000.0f * static_cast<float>(index));
+    Example example{{"x", x},
+                    {"in_segment", static_cast<std::int64_t>(in_segment)},
+                    {"pid", static_cast<std::int64_t>(::getpid())}};
+    if (mode_ == Mode::kSharedField) example.set("y", x);
+    return example;
+  }
+
+ private:
+  std::size_t n_;
+  Mode mode_;
+};
+
+TEST(MultiProcessFork, SamplesBuiltInTheirBatchsMemoryArriveIntactWhateverTheyReturn) {
+  using Mode = InPlaceDataset::Mode;
+  constexpr std::size_t kSize = 60;  // 7 batches of 8 and one of 4
+  for (const Mode mode : {Mode::kPlain, Mode::kVaryingShapes, Mode::kFailures, Mode::kStridedView,
+                          Mode::kSharedField}) {
+    for (const std::size_t threads : {1u, 2u}) {
+      SCOPED_TRACE("mode " + std::to_string(static_cast<int>(mode)) + " threads " +
+                   std::to_string(threads));
+      std::optional<DataLoader> loader;
+      try {
+        loader.emplace(std::make_shared<InPlaceDataset>(kSize, mode),
+                       DataLoaderOptions{.batch_size = 8,
+                                         .num_workers = 2,
+                                         .worker_threads = threads,
+                                         .on_error = OnError::kSkip});
+      } catch (const ConfigError&) {
+        ASSERT_GT(threads, 1u) << "only worker_threads > 1 may be refused (a build without TBB)";
+        continue;
+      }
+      for (int epoch = 0; epoch < 2; ++epoch) {
+        std::vector<int> seen(kSize, 0);
+        std::set<std::int64_t> pids;  // the workers that sent a batch so far
+        for (auto& batch : *loader) {
+          const auto& idx = batch.indices();
+          const torch::Tensor x = batch["x"];
+          for (std::size_t r = 0; r < idx.size(); ++r) {
+            const auto row = static_cast<std::int64_t>(r);
+            const std::int64_t cols = x.size(2);
+            const torch::Tensor want = torch::arange(4 * cols, torch::kFloat32).view({4, cols}) +
+                                       1000.0f * static_cast<float>(idx[r]);
+            ASSERT_TRUE(x[row].equal(want))
+                << "sample " << idx[r] << " of batch " << batch.sequence() << ":\n"
+                << x[row];
+            ++seen[static_cast<std::size_t>(idx[r])];
+          }
+          if (mode == Mode::kSharedField) EXPECT_TRUE(batch["y"].equal(x));
+          const torch::Tensor in_segment = batch["in_segment"];
+          const bool workers_second_batch =
+              !pids.insert(batch["pid"][0].item<std::int64_t>()).second;
+          if (mode == Mode::kPlain && workers_second_batch) {
+            // Every batch after a worker's first, the short last one included, is built in place.
+            EXPECT_EQ(in_segment.sum().item<std::int64_t>(), in_segment.numel())
+                << "batch " << batch.sequence();
+          }
+          if (mode == Mode::kVaryingShapes) {
+            // Every batch's shape differs from its worker's previous batch: none in place.
+            EXPECT_EQ(in_segment.sum().item<std::int64_t>(), 0) << "batch " << batch.sequence();
+          }
+        }
+        for (std::size_t i = 0; i < kSize; ++i) {
+          const bool skipped = mode == Mode::kFailures && i % 7 == 3;
+          ASSERT_EQ(seen[i], skipped ? 0 : 1) << "index " << i;
+        }
+      }
+    }
+  }
 }
 
 TEST_P(MultiProcess, IterableDatasetEachWorkerRunsItsOwnStream) {
