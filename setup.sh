@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # ferry's two set-up commands, for a fresh Debian 12 machine:
 #
-#   ./setup.sh run    install what is missing, build, and run the example training loop
+#   ./setup.sh run    install what is missing, build, write the sample dataset and run
+#                     configs/demo.yaml with the ferry command
 #   ./setup.sh test   install what is missing, build, and run every test
 #
 # Debian packages are installed only when missing (as root, or through sudo). The build goes to
@@ -21,7 +22,7 @@ esac
 build_dir="${FERRY_BUILD_DIR:-build}"
 jobs="$(nproc)"
 packages=(cmake g++ ninja-build libtorch-dev libgtest-dev libgmock-dev
-          libopencv-dev libjpeg-dev libpng-dev libtbb-dev)
+          libopencv-dev libjpeg-dev libpng-dev libtbb-dev libyaml-cpp-dev libcli11-dev)
 # The vision tests compare against torchvision, run by Debian's Python.
 if [ "$mode" = test ]; then
   packages+=(python3-torchvision python3-pil)
@@ -49,8 +50,12 @@ echo "==> building with $jobs jobs"
 cmake --build "$build_dir" -j "$jobs"
 
 if [ "$mode" = run ]; then
-  echo "==> running the example training loop (examples/train_loop.cpp)"
-  exec "$build_dir/examples/example_train_loop" --epochs 3
+  FERRY_SAMPLE_DATA="$(cd "$build_dir" && pwd)/sample-data"
+  export FERRY_SAMPLE_DATA  # configs/demo.yaml reads it
+  echo "==> writing the sample dataset ($FERRY_SAMPLE_DATA)"
+  "$build_dir/bin/ferry" sample-data "$FERRY_SAMPLE_DATA"
+  echo "==> running configs/demo.yaml"
+  exec "$build_dir/bin/ferry" run configs/demo.yaml --epochs 3
 else
   echo "==> running the tests"
   exec ctest --test-dir "$build_dir" --output-on-failure -j "$jobs"

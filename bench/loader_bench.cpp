@@ -146,59 +146,19 @@ JpegData g_jpeg;  // set in main when the jpeg workload runs
 const std::vector<double> kImagenetMean{0.485, 0.456, 0.406};
 const std::vector<double> kImagenetStd{0.229, 0.224, 0.225};
 
-cv::Mat photo_like(std::uint32_t seed) {
-  cv::RNG rng(seed);
-  constexpr int w = 500;
-  constexpr int h = 375;
-  cv::Mat img(h, w, CV_32FC3);
-  const cv::Vec3f a(rng.uniform(0.f, 255.f), rng.uniform(0.f, 255.f), rng.uniform(0.f, 255.f));
-  const cv::Vec3f b(rng.uniform(0.f, 255.f), rng.uniform(0.f, 255.f), rng.uniform(0.f, 255.f));
-  for (int y = 0; y < h; ++y) {
-    for (int x = 0; x < w; ++x) {
-      const float t = 0.5f * (static_cast<float>(x) / w + static_cast<float>(y) / h);
-      img.at<cv::Vec3f>(y, x) = a * (1 - t) + b * t;
-    }
-  }
-  for (int i = 0; i < 40; ++i) {
-    const cv::Scalar colour(rng.uniform(0, 255), rng.uniform(0, 255), rng.uniform(0, 255));
-    const cv::Point centre(rng.uniform(0, w), rng.uniform(0, h));
-    if (i % 3 == 0) {
-      cv::rectangle(img, centre, centre + cv::Point(rng.uniform(10, 150), rng.uniform(10, 150)),
-                    colour, cv::FILLED, cv::LINE_AA);
-    } else {
-      cv::ellipse(img, centre, cv::Size(rng.uniform(5, 120), rng.uniform(5, 120)),
-                  rng.uniform(0, 180), 0, 360, colour, cv::FILLED, cv::LINE_AA);
-    }
-  }
-  cv::GaussianBlur(img, img, cv::Size(0, 0), 1.2);
-  cv::Mat texture(h, w, CV_32FC3);
-  cv::randn(texture, cv::Scalar::all(0), cv::Scalar::all(26));
-  cv::GaussianBlur(texture, texture, cv::Size(0, 0), 0.8);
-  cv::Mat noise(h, w, CV_32FC3);
-  cv::randn(noise, cv::Scalar::all(0), cv::Scalar::all(6));
-  img += texture + noise;
-  cv::Mat out;
-  img.convertTo(out, CV_8UC3);
-  return out;
-}
-
 JpegData prepare_jpeg_data(const std::string& dir, std::size_t count) {
   namespace fs = std::filesystem;
   JpegData data{dir, {}, 0};
-  const fs::path marker = fs::path(dir) / (".complete_v2_" + std::to_string(count));
+  const fs::path marker = fs::path(dir) / (".complete_v3_" + std::to_string(count));
   if (!fs::exists(marker)) {
     std::fprintf(stderr, "generating %zu JPEGs (500x375, quality 90) in %s ...\n", count,
                  dir.c_str());
     fs::remove_all(dir);
-    for (std::size_t i = 0; i < count; ++i) {
-      const fs::path path =
-          fs::path(dir) / ("class" + std::to_string(i % 4)) / (std::to_string(100000 + i) + ".jpg");
-      fs::create_directories(path.parent_path());
-      if (!cv::imwrite(path.string(), photo_like(static_cast<std::uint32_t>(i)),
-                       {cv::IMWRITE_JPEG_QUALITY, 90})) {
-        throw std::runtime_error("cannot write " + path.string());
-      }
-    }
+    ferry::vision::write_sample_images(dir, {.classes = 4,
+                                             .images_per_class = (count + 3) / 4,
+                                             .width = 500,
+                                             .height = 375,
+                                             .quality = 90});
     std::ofstream(marker) << count << "\n";
   }
   for (const auto& entry : fs::recursive_directory_iterator(dir)) {

@@ -16,7 +16,8 @@ struct ConfigMark {
   std::size_t line = 0;  // 1-based; 0: unknown
   std::size_t column = 0;
   bool known() const noexcept { return line > 0; }
-  std::string str() const;  // "file:line:column", or "" when unknown
+  std::string str() const;     // "file:line:column", or "" when unknown
+  std::string prefix() const;  // str() and ": ", or "" when unknown: the start of a message
 };
 
 /// A plain configuration tree: null, a scalar (kept as text, read with the type the schema
@@ -63,6 +64,10 @@ class Config {
   bool erase(std::string_view key);
   /// Appends to a list (a null Config becomes an empty list first).
   void push_back(Config item);
+
+  /// What an error message says was found: "'text'" for a scalar, "a list", "a map", or
+  /// "nothing (null)".
+  std::string describe() const;
 
   const ConfigMark& mark() const noexcept { return mark_; }
   void set_mark(ConfigMark mark) { mark_ = std::move(mark); }

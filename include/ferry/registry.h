@@ -37,6 +37,7 @@ struct KeySpec {
   std::optional<double> min{};  // numbers and each list element
   std::optional<double> max{};
   std::vector<std::string> choices{};  // strings
+  bool is_path = false;  // a file or folder: a YAML pipeline resolves it against the file's folder
 };
 
 /// A registered type: its name, a one-line summary and its keys.
@@ -170,6 +171,18 @@ class Registry {
   std::map<ComponentKind, std::map<std::string, Entry, std::less<>>> entries_;
   std::set<std::string, std::less<>> groups_;
 };
+
+/// Checks the keys of `node` (a map; null for none) against `info.keys`: an unknown key (with
+/// "did you mean"), a missing required key, a wrong type, a value out of range or not among the
+/// choices each throw ConfigError naming the place, `path.key`, what was expected and what was
+/// found. Returns the keys in `info`'s order with defaults filled in. `what` names the section
+/// in messages ("dataset 'image_folder'", "loader"); keys in `ignore` are passed over. The
+/// registry checks every component with it; a YAML pipeline checks its other sections too.
+Config check_keys(const TypeInfo& info,
+                  const Config& node,
+                  std::string_view path,
+                  std::string_view what,
+                  const std::vector<std::string>& ignore = {});
 
 /// Registers ferry's core types (the `synthetic` dataset, the samplers, `default` collate);
 /// idempotent. ferry::register_builtins (ferry/init.h) adds every component that was built.

@@ -6,6 +6,7 @@
 #include "ferry/registry.h"
 #include "ferry/vision/datasets.h"
 #include "ferry/vision/image.h"
+#include "ferry/vision/sample_data.h"
 #include "ferry/vision/transforms.h"
 
 namespace ferry::vision {

@@ -205,6 +205,17 @@ std::string ConfigMark::str() const {
   return detail::str(file, ":", line, ":", column);
 }
 
+std::string ConfigMark::prefix() const {
+  std::string s = str();
+  return s.empty() ? s : s + ": ";
+}
+
+std::string Config::describe() const {
+  return kind_ == Kind::kScalar ? "'" + scalar_ + "'"
+         : kind_ == Kind::kNull ? std::string("nothing (null)")
+                                : std::string(kind_name(kind_));
+}
+
 Config Config::list(std::vector<Config> items) {
   Config c;
   c.kind_ = Kind::kList;

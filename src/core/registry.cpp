@@ -11,24 +11,8 @@ namespace ferry {
 
 namespace {
 
-std::string place(const Config& node) {
-  const std::string m = node.mark().str();
-  return m.empty() ? std::string() : m + ": ";
-}
-
-std::string kind_of(const Config& node) {
-  switch (node.kind()) {
-    case Config::Kind::kNull:
-      return "nothing (null)";
-    case Config::Kind::kScalar:
-      return "'" + node.scalar() + "'";
-    case Config::Kind::kList:
-      return "a list";
-    case Config::Kind::kMap:
-      return "a map";
-  }
-  return "?";
-}
+std::string place(const Config& node) { return node.mark().prefix(); }
+std::string kind_of(const Config& node) { return node.describe(); }
 
 std::string join(const std::vector<std::string>& names) {
   return names.empty() ? "(none)" : detail::join(names);
@@ -385,31 +369,49 @@ Config Registry::resolve(const Entry& e,
                          ComponentKind kind,
                          const Config& node,
                          std::string_view path) const {
-  const TypeInfo& info = e.info;
-  Config out = Config::map({{"type", info.name}});
+  std::vector<std::string> ignore{"type"};
+  if (kind == ComponentKind::kDataset) ignore.push_back("transforms");
+  const Config keys = check_keys(e.info, node.is_map() ? node : Config(), path,
+                                 detail::str(to_string(kind), " '", e.info.name, "'"), ignore);
+  Config out = Config::map({{"type", e.info.name}});
+  out.set_mark(node.mark());
+  for (const auto& [key, value] : keys.entries()) out.set(key, value);
+  return out;
+}
+
+Config check_keys(const TypeInfo& info,
+                  const Config& node,
+                  std::string_view path,
+                  std::string_view what,
+                  const std::vector<std::string>& ignore) {
+  Config out = Config::map();
+  out.set_mark(node.mark());
+  if (!node.is_map() && !node.is_null()) {
+    throw ConfigError(detail::str(place(node), path, path.empty() ? "" : ": ",
+                                  "expected a map (the keys of ", what, "), found ",
+                                  kind_of(node)));
+  }
+  std::vector<std::string> key_names;
+  for (const auto& k : info.keys) key_names.push_back(k.name);
   if (node.is_map()) {
-    out.set_mark(node.mark());
     for (const auto& [key, value] : node.entries()) {
-      if (key == "type" || (kind == ComponentKind::kDataset && key == "transforms")) continue;
-      const bool known = std::any_of(info.keys.begin(), info.keys.end(),
-                                     [&](const KeySpec& k) { return k.name == key; });
-      if (known) continue;
-      std::vector<std::string> key_names;
-      for (const auto& k : info.keys) key_names.push_back(k.name);
+      if (std::find(ignore.begin(), ignore.end(), key) != ignore.end()) continue;
+      if (std::find(key_names.begin(), key_names.end(), key) != key_names.end()) continue;
       const auto suggestion = nearest(key, key_names);
-      throw ConfigError(detail::str(
-          place(value), path, ".", key, ": unknown key for ", to_string(kind), " '", info.name, "'",
-          suggestion ? "; did you mean '" + *suggestion + "'?" : std::string(),
-          " Keys: ", join(key_names)));
+      throw ConfigError(
+          detail::str(place(value), path, path.empty() ? "" : ".", key, ": unknown key for ", what,
+                      suggestion ? "; did you mean '" + *suggestion + "'?" : std::string(),
+                      " Keys: ", join(key_names)));
     }
   }
+  const std::string prefix = path.empty() ? std::string() : std::string(path) + ".";
   for (const KeySpec& key : info.keys) {
     const Config* value = node.is_map() ? node.find(key.name) : nullptr;
     if (value == nullptr || value->is_null()) {
       if (key.required) {
-        throw ConfigError(detail::str(
-            place(node), path, ".", key.name, ": missing; ", to_string(kind), " '", info.name,
-            "' needs it (", to_string(key.type), key.help.empty() ? "" : ": ", key.help, ")"));
+        throw ConfigError(detail::str(place(node), prefix, key.name, ": missing; ", what,
+                                      " needs it (", to_string(key.type),
+                                      key.help.empty() ? "" : ": ", key.help, ")"));
       }
       if (!key.default_value.is_null()) out.set(key.name, key.default_value);
       continue;
@@ -422,7 +424,9 @@ Config Registry::resolve(const Entry& e,
         // One value stands for a list of one (torchvision's `size=224` for `size=[224]`).
         expected = check_scalar(key, element_of(key.type), *value);
         if (expected.empty()) {
-          out.set(key.name, Config::list({*value}));
+          Config list = Config::list({*value});
+          list.set_mark(value->mark());
+          out.set(key.name, std::move(list));
           continue;
         }
         expected = std::string(to_string(key.type)) + " (or one " +
@@ -431,7 +435,7 @@ Config Registry::resolve(const Entry& e,
         for (const Config& item : value->items()) {
           expected = check_scalar(key, element_of(key.type), item);
           if (!expected.empty()) {
-            throw ConfigError(detail::str(place(item), path, ".", key.name,
+            throw ConfigError(detail::str(place(item), prefix, key.name,
                                           ": expected each element to be ", expected, ", found ",
                                           kind_of(item)));
           }
@@ -441,7 +445,7 @@ Config Registry::resolve(const Entry& e,
       expected = check_scalar(key, key.type, *value);
     }
     if (!expected.empty()) {
-      throw ConfigError(detail::str(place(*value), path, ".", key.name, ": expected ", expected,
+      throw ConfigError(detail::str(place(*value), prefix, key.name, ": expected ", expected,
                                     ", found ", kind_of(*value)));
     }
     out.set(key.name, *value);

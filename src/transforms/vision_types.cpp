@@ -91,7 +91,8 @@ void register_vision_types(Registry& r) {
        .keys = {{.name = "root",
                  .type = ValueType::kString,
                  .required = true,
-                 .help = "the folder with one sub-folder per class"},
+                 .help = "the folder with one sub-folder per class",
+                 .is_path = true},
                 {.name = "extensions",
                  .type = ValueType::kStringList,
                  .default_value =
@@ -116,11 +117,14 @@ void register_vision_types(Registry& r) {
       {.name = "image_list",
        .summary = "images listed as 'path,label' lines of a text or CSV file (paths relative to "
                   "the file); fields image, label, index, path",
-       .keys =
-           {{.name = "file", .type = ValueType::kString, .required = true, .help = "the list file"},
-            mode_key(),
-            max_pixels_key(),
-            decode_key},
+       .keys = {{.name = "file",
+                 .type = ValueType::kString,
+                 .required = true,
+                 .help = "the list file",
+                 .is_path = true},
+                mode_key(),
+                max_pixels_key(),
+                decode_key},
        .builtin = true},
       [](const Args& a) {
         return std::make_shared<ImageList>(a.get<std::string>("file"), image_options(a));

@@ -504,7 +504,9 @@ TEST(MultiProcessFork, SamplesBuiltInTheirBatchsMemoryArriveIntactWhateverTheyRe
                 << x[row];
             ++seen[static_cast<std::size_t>(idx[r])];
           }
-          if (mode == Mode::kSharedField) EXPECT_TRUE(batch["y"].equal(x));
+          if (mode == Mode::kSharedField) {
+            EXPECT_TRUE(batch["y"].equal(x));
+          }
           const torch::Tensor in_segment = batch["in_segment"];
           const bool workers_second_batch =
               !pids.insert(batch["pid"][0].item<std::int64_t>()).second;

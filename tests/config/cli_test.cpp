@@ -1,0 +1,221 @@
+// The ferry command, run as a user runs it: exit codes, the run summary and its JSON, the
+// per-batch index dump, validate on every bundled config, describe, sample-data.
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+struct Result {
+  int code = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string slurp(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+class Cli : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    data_ = fs::temp_directory_path() / ("ferry_cli_test_data_" + std::to_string(::getpid()));
+    fs::remove_all(data_);
+    const Result r = run_ferry("sample-data " + data_.string() + " --per-class 6 --size 96x72");
+    ASSERT_EQ(r.code, 0) << r.err;
+  }
+  static void TearDownTestSuite() { fs::remove_all(data_); }
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("ferry_cli_test_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // Runs `ferry ARGS` with the sample data as FERRY_SAMPLE_DATA (stdin closed, not a terminal).
+  static Result run_ferry(const std::string& args) {
+    const fs::path out =
+        fs::temp_directory_path() / ("ferry_cli_out_" + std::to_string(::getpid()));
+    const fs::path err =
+        fs::temp_directory_path() / ("ferry_cli_err_" + std::to_string(::getpid()));
+    const std::string command = "FERRY_SAMPLE_DATA='" + data_.string() + "' FERRY_WORKERS=2 " +
+                                FERRY_CLI + " " + args + " > '" + out.string() + "' 2> '" +
+                                err.string() + "' < /dev/null";
+    const int status = std::system(command.c_str());
+    Result r;
+    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    r.out = slurp(out);
+    r.err = slurp(err);
+    fs::remove(out);
+    fs::remove(err);
+    return r;
+  }
+  static std::string config(const std::string& name) {
+    return (fs::path(FERRY_SOURCE_DIR) / "configs" / name).string();
+  }
+
+  static fs::path data_;
+  fs::path dir_;
+};
+
+fs::path Cli::data_;
+
+TEST_F(Cli, VersionHelpAndUsageErrorsExitAsDocumented) {
+  Result r = run_ferry("--version");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_THAT(r.out, HasSubstr("ferry 0."));
+  for (const char* sub : {"run", "validate", "describe", "sample-data"}) {
+    r = run_ferry(std::string(sub) + " --help");
+    EXPECT_EQ(r.code, 0) << sub;
+    EXPECT_THAT(r.out, HasSubstr("Usage:")) << sub;
+  }
+  EXPECT_EQ(run_ferry("").code, 2) << "no subcommand";
+  EXPECT_EQ(run_ferry("frobnicate").code, 2);
+  EXPECT_EQ(run_ferry("run").code, 2) << "no config";
+  EXPECT_EQ(run_ferry("run x.yaml --epochs many").code, 2);
+  EXPECT_EQ(run_ferry("run " + config("demo.yaml") + " --epochs 0").code, 2);
+  EXPECT_EQ(run_ferry("run x.yaml --no-such-option").code, 2);
+}
+
+TEST_F(Cli, AFailureExitsWithOneAndTheErrorsPlace) {
+  std::ofstream(dir_ / "bad.yaml") << "dataset: {type: image_folder, root: .}\n"
+                                      "loader:\n  batch_sise: 4\n";
+  Result r = run_ferry("run " + (dir_ / "bad.yaml").string());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, AllOf(HasSubstr("bad.yaml:3:15: loader.batch_sise"),
+                           HasSubstr("did you mean 'batch_size'?")));
+  r = run_ferry("validate " + (dir_ / "missing.yaml").string());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("missing.yaml: no such file"));
+}
+
+TEST_F(Cli, RunOnTheDemoSummarisesAndDumpsEverySampleOncePerEpoch) {
+  const fs::path json = dir_ / "summary.json";
+  const fs::path dump = dir_ / "indices.jsonl";
+  const Result r = run_ferry("run " + config("demo.yaml") + " --epochs 3 --json " + json.string() +
+                             " --dump-indices " + dump.string() + " --log-every 0.01");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("3 epochs"), HasSubstr("72 samples"), HasSubstr("samples/s"),
+                           HasSubstr("MB/s"), HasSubstr("0 samples skipped")));
+  EXPECT_THAT(r.err, HasSubstr("batches")) << "progress lines when not on a terminal";
+  EXPECT_THAT(r.err, Not(HasSubstr("\r"))) << "no bar unless stderr is a terminal";
+
+  const std::string summary = slurp(json);
+  for (const char* key : {"\"samples\": 72", "\"batches\": 6", "\"epochs\": 3", "\"seconds\": ",
+                          "\"samples_per_second\": ", "\"mb_per_second\": ", "\"skipped\": 0",
+                          "\"skipped_samples\": []"}) {
+    EXPECT_THAT(summary, HasSubstr(key));
+  }
+  // 24 samples, batch_size 16: batches of 16 and 8, each epoch a new permutation.
+  std::ifstream in(dump);
+  std::string line;
+  const std::regex pattern(R"(\{"epoch": (\d+), "batch": (\d+), "indices": \[([\d, ]*)\]\})");
+  std::vector<std::vector<int>> seen(3, std::vector<int>(24, 0));
+  std::vector<std::vector<std::int64_t>> orders(3);
+  std::size_t lines = 0;
+  while (std::getline(in, line)) {
+    std::smatch m;
+    ASSERT_TRUE(std::regex_match(line, m, pattern)) << line;
+    const auto epoch = std::stoul(m[1]);
+    ASSERT_LT(epoch, 3u);
+    std::stringstream indices(m[3].str());
+    std::string index;
+    while (std::getline(indices, index, ',')) {
+      const auto i = std::stol(index);
+      ASSERT_LT(i, 24);
+      ++seen[epoch][static_cast<std::size_t>(i)];
+      orders[epoch].push_back(i);
+    }
+    ++lines;
+  }
+  EXPECT_EQ(lines, 6u);
+  for (std::size_t e = 0; e < 3; ++e) {
+    for (std::size_t i = 0; i < 24; ++i)
+      EXPECT_EQ(seen[e][i], 1) << "epoch " << e << " index " << i;
+  }
+  EXPECT_NE(orders[0], orders[1]) << "shuffle: a new order each epoch";
+}
+
+TEST_F(Cli, MaxBatchesAndSetsChangeTheRun) {
+  const fs::path dump = dir_ / "indices.jsonl";
+  const Result r = run_ferry("run " + config("demo.yaml") +
+                             " --epochs 2 --max-batches 2 --set loader.batch_size=5"
+                             " --set loader.shuffle=false --dump-indices " +
+                             dump.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("4 batches, 20 samples"));
+  EXPECT_THAT(slurp(dump), HasSubstr("{\"epoch\": 1, \"batch\": 1, \"indices\": [5, 6, 7, 8, 9]}"));
+}
+
+TEST_F(Cli, ValidateAcceptsEveryBundledConfig) {
+  std::size_t checked = 0;
+  for (const auto& entry : fs::directory_iterator(fs::path(FERRY_SOURCE_DIR) / "configs")) {
+    if (entry.path().extension() != ".yaml") continue;
+    const Result r = run_ferry("validate " + entry.path().string());
+    EXPECT_EQ(r.code, 0) << entry.path() << ": " << r.err;
+    EXPECT_THAT(r.out, AllOf(HasSubstr(": valid (24 samples"), HasSubstr("dataset:"),
+                             HasSubstr("type: image_folder"), HasSubstr("loader:")))
+        << entry.path();
+    ++checked;
+  }
+  EXPECT_GE(checked, 3u);
+}
+
+TEST_F(Cli, DescribeListsTypesAndShowsOnesKeys) {
+  Result r = run_ferry("describe");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_THAT(r.out, AllOf(HasSubstr("image_folder"), HasSubstr("random_resized_crop"),
+                           HasSubstr("weighted_random"), HasSubstr("loader")));
+  r = run_ferry("describe random_resized_crop");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_THAT(r.out, AllOf(HasSubstr("size"), HasSubstr("required"), HasSubstr("scale"),
+                           HasSubstr("default: [0.08, 1]")));
+  r = run_ferry("describe loader");
+  EXPECT_THAT(r.out, AllOf(HasSubstr("num_workers"), HasSubstr("int >= 0; default: 0"),
+                           HasSubstr("on_error"), HasSubstr("raise | skip")));
+  r = run_ferry("describe random_resize_crop");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("did you mean 'random_resized_crop'?"));
+}
+
+TEST_F(Cli, SampleDataWritesAnImageFolderOnceAndNeverOverAnotherFolder) {
+  const fs::path out = dir_ / "images";
+  Result r = run_ferry("sample-data " + out.string() + " --classes 3 --per-class 2 --size 40x30");
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::size_t jpegs = 0;
+  for (const auto& e : fs::recursive_directory_iterator(out))
+    jpegs += e.path().extension() == ".jpg";
+  EXPECT_EQ(jpegs, 6u);
+  EXPECT_TRUE(fs::exists(out / "class2" / "5.jpg"));
+  r = run_ferry("sample-data " + out.string() + " --classes 3 --per-class 2 --size 40x30");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_THAT(r.out, HasSubstr("already there"));
+
+  fs::create_directories(dir_ / "mine");
+  std::ofstream(dir_ / "mine" / "notes.txt") << "keep me\n";
+  r = run_ferry("sample-data " + (dir_ / "mine").string());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, HasSubstr("--force"));
+  EXPECT_EQ(run_ferry("sample-data " + out.string() + " --size big").code, 2);
+}
+
+}  // namespace
