@@ -146,10 +146,10 @@ int run_pipeline(const RunOptions& options) {
   const double mbps = seconds > 0 ? static_cast<double>(progress.bytes) / seconds / 1e6 : 0.0;
 
   std::printf(
-      "%s: %zu epochs, %zu batches, %zu samples in %.2f s: %.1f samples/s, %.1f MB/s; "
+      "%s: %zu epoch%s, %zu batches, %zu samples in %.2f s: %.1f samples/s, %.1f MB/s; "
       "%zu samples skipped\n",
-      options.config.c_str(), options.epochs, progress.batches, progress.samples, seconds, rate,
-      mbps, stats.skipped);
+      options.config.c_str(), options.epochs, options.epochs == 1 ? "" : "s", progress.batches,
+      progress.samples, seconds, rate, mbps, stats.skipped);
   for (const SkippedSample& s : stats.skipped_samples) {
     std::printf("  skipped: epoch %llu, index %lld: %s\n", static_cast<unsigned long long>(s.epoch),
                 static_cast<long long>(s.index), s.error.c_str());
