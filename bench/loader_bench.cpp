@@ -680,7 +680,8 @@ constexpr const char* kUsage =
     "  --peer PATH   pytorch_peer.py (default: next to this benchmark's source)\n"
     "  --python PATH the Python with torch (default: /usr/bin/python3)\n"
     "  --jpeg-dir D  where the jpeg workload's images are generated (default: $TMPDIR/\n"
-    "                ferry_bench_jpeg); --jpeg-images N of them (default 512)\n";
+    "                ferry_bench_jpeg); --jpeg-images N of them, in 4 classes (default\n"
+    "                512; rounded up to a multiple of 4)\n";
 
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string> out;

@@ -47,7 +47,6 @@ Example load_one(const Dataset& dataset,
 }
 
 #if defined(FERRY_HAS_TBB)
-// One arena per process and thread count, made on first use: in a worker, after the fork.
 // One arena per process and thread count, never destroyed while the process lives (loaders on
 // several threads may use them at once). Keyed by pid: a forked worker must not use the
 // parent's arena, whose threads did not survive the fork. TBB caps an arena at the machine's

@@ -21,3 +21,6 @@
 #if defined(FERRY_HAS_VISION)
 #include "ferry/vision.h"
 #endif
+#if defined(FERRY_HAS_CONFIG)
+#include "ferry/pipeline.h"
+#endif

@@ -141,8 +141,12 @@ class Registry {
   Config resolve(ComponentKind kind, const Config& node, std::string_view path) const;
 
   /// Builds a dataset. `node` may also hold `transforms: [{type: ..., ...}, ...]`, applied to
-  /// each sample in order. The result records its ComponentSpec (see Dataset::spec()).
-  AnyDataset make_any_dataset(const Config& node, std::string_view path = "dataset") const;
+  /// each sample in order; they are built (and their errors reported, under `transforms_path`,
+  /// by default `path.transforms`) before the dataset opens its files. The result records its
+  /// ComponentSpec (see Dataset::spec()).
+  AnyDataset make_any_dataset(const Config& node,
+                              std::string_view path = "dataset",
+                              std::string_view transforms_path = {}) const;
   std::shared_ptr<Dataset> make_dataset(const Config& node,
                                         std::string_view path = "dataset") const;
   std::shared_ptr<Transform> make_transform(const Config& node,

@@ -285,36 +285,36 @@ Pipeline build_pipeline(Config root,
     throw ConfigError(detail::str(at(loader_node ? *loader_node : root), "loader: ", e.what()));
   }
 
-  // The dataset, with its transforms: the transforms are checked (and reported under their own
-  // path) before the dataset opens its files.
+  // The dataset, with its transforms (the registry builds those first, before the dataset opens
+  // its files). They may be a top-level list or the dataset's own `transforms`, not both.
   Config dataset_node = normalise_component(*root.find("dataset"));
-  const Config* transforms = root.find("transforms");
-  Config transform_list = Config::list();
-  if (transforms != nullptr && !transforms->is_null()) {
-    if (!transforms->is_list()) {
-      throw ConfigError(detail::str(at(*transforms), "transforms: expected a list of ",
+  const Config* top = root.find("transforms");
+  const bool top_level = top != nullptr && !top->is_null();
+  const Config* own = dataset_node.is_map() ? dataset_node.find("transforms") : nullptr;
+  if (top_level && own != nullptr) {
+    throw ConfigError(detail::str(at(*own), "dataset.transforms: the file also has a top-level ",
+                                  "'transforms' list; keep one of them"));
+  }
+  const std::string transforms_path = top_level ? "transforms" : "dataset.transforms";
+  if (const Config* list = top_level ? top : own; list != nullptr && !list->is_null()) {
+    if (!list->is_list()) {
+      throw ConfigError(detail::str(at(*list), transforms_path, ": expected a list of ",
                                     "transforms (each '- NAME: {key: value}'), found ",
-                                    transforms->describe()));
+                                    list->describe()));
     }
-    if (dataset_node.is_map() && dataset_node.find("transforms") != nullptr) {
-      throw ConfigError(detail::str(at(*dataset_node.find("transforms")),
-                                    "dataset.transforms: the file also has a top-level ",
-                                    "'transforms' list; keep one of them"));
-    }
-    for (std::size_t i = 0; i < transforms->items().size(); ++i) {
-      Config t = resolve_paths(normalise_component(transforms->items()[i]),
-                               ComponentKind::kTransform, base_dir);
-      (void)registry.make_transform(t, detail::str("transforms[", i, "]"));
-      transform_list.push_back(std::move(t));
+    Config items = Config::list();
+    for (const Config& item : list->items()) {
+      items.push_back(
+          resolve_paths(normalise_component(item), ComponentKind::kTransform, base_dir));
     }
     if (!dataset_node.is_map()) dataset_node = Config::map({{"type", dataset_node}});
-    dataset_node.set("transforms", transform_list);
+    dataset_node.set("transforms", std::move(items));
   }
   dataset_node = resolve_paths(std::move(dataset_node), ComponentKind::kDataset, base_dir);
 
   Pipeline pipeline;
   try {
-    pipeline.dataset = registry.make_any_dataset(dataset_node, "dataset");
+    pipeline.dataset = registry.make_any_dataset(dataset_node, "dataset", transforms_path);
   } catch (const ConfigError&) {
     throw;
   } catch (const Error& e) {

@@ -471,7 +471,9 @@ auto build(F&& factory, const TypeInfo& info, std::string_view kind, std::string
 
 }  // namespace
 
-AnyDataset Registry::make_any_dataset(const Config& node, std::string_view path) const {
+AnyDataset Registry::make_any_dataset(const Config& node,
+                                      std::string_view path,
+                                      std::string_view transforms_path) const {
   const Entry& e = entry(ComponentKind::kDataset, node, path);
   Config resolved = resolve(e, ComponentKind::kDataset, node, path);
   bool builtin = e.info.builtin;
@@ -480,13 +482,14 @@ AnyDataset Registry::make_any_dataset(const Config& node, std::string_view path)
   Config resolved_transforms = Config::list();
   if (const Config* list = node.is_map() ? node.find("transforms") : nullptr;
       list != nullptr && !list->is_null()) {
+    const std::string where =
+        transforms_path.empty() ? std::string(path) + ".transforms" : std::string(transforms_path);
     if (!list->is_list()) {
-      throw ConfigError(detail::str(place(*list), path,
-                                    ".transforms: expected a list of transforms, found ",
+      throw ConfigError(detail::str(place(*list), where, ": expected a list of transforms, found ",
                                     kind_of(*list)));
     }
     for (std::size_t i = 0; i < list->items().size(); ++i) {
-      auto t = make_transform(list->items()[i], detail::str(path, ".transforms[", i, "]"));
+      auto t = make_transform(list->items()[i], detail::str(where, "[", i, "]"));
       builtin = builtin && t->spec()->builtin;
       resolved_transforms.push_back(t->spec()->config);
       transforms.push_back(std::move(t));

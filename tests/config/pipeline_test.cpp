@@ -224,8 +224,21 @@ TEST_F(Pipelines, ThePlainAndTheTypeFormsOfAComponentAreTheSame) {
                          "dataset: {type: image_folder, root: data}\ntransforms:\n"
                          "  - {type: resize, size: 40}\n  - {type: random_horizontal_flip}\n"
                          "  - {type: to_tensor}\n"));
-  EXPECT_EQ(plain.config.find("dataset")->to_text(), typed.config.find("dataset")->to_text());
-  EXPECT_EQ(plain.config.find("transforms")->to_text(), typed.config.find("transforms")->to_text());
+  const Pipeline nested =
+      read_pipeline(file("c.yaml",
+                         "dataset:\n  image_folder:\n    root: data\n    transforms:\n"
+                         "      - resize: {size: 40}\n      - random_horizontal_flip\n"
+                         "      - to_tensor\n"));
+  for (const Pipeline* other : {&typed, &nested}) {
+    EXPECT_EQ(plain.config.find("dataset")->to_text(), other->config.find("dataset")->to_text());
+    EXPECT_EQ(plain.config.find("transforms")->to_text(),
+              other->config.find("transforms")->to_text());
+  }
+  EXPECT_THAT(error_of("dataset: {type: image_folder, root: data, transforms: [to_tensor]}\n"
+                       "transforms: [to_tensor]\n"),
+              HasSubstr("p.yaml:1:55: dataset.transforms: the file also has a top-level"));
+  EXPECT_THAT(error_of("dataset: {type: image_folder, root: data, transforms: [{resize: {}}]}\n"),
+              HasSubstr("dataset.transforms[0].size: missing"));
 }
 
 TEST_F(Pipelines, TheResolvedConfigurationReadsBackAsItself) {
