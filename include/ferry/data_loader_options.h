@@ -9,6 +9,8 @@
 
 #include <torch/types.h>
 
+#include "ferry/device_transforms.h"
+
 namespace ferry {
 
 /// How worker processes start (PyTorch's `multiprocessing_context`).
@@ -45,6 +47,9 @@ struct DataLoaderOptions {
   std::size_t num_workers = 0;                   // 0: load in the calling thread
   std::optional<std::size_t> prefetch_factor{};  // batches in flight per worker; 2 with workers
   bool persistent_workers = false;
+  /// Batches come in page-locked memory: shared memory is page-locked once per recycled segment,
+  /// with no copy (is_pinned() is true); other batches get a pinned copy. Needs a CUDA LibTorch
+  /// and a GPU (a ConfigError says so otherwise).
   bool pin_memory = false;
   bool drop_last = false;
   std::chrono::milliseconds timeout{0};  // 0: wait forever; YAML gives seconds
@@ -54,7 +59,13 @@ struct DataLoaderOptions {
   /// Unset: default_start_method(). spawn and forkserver rebuild the dataset in each worker from
   /// the registry, and need ferry::init(argc, argv) first thing in main (see ferry/init.h).
   std::optional<StartMethod> start_method{};
-  std::optional<torch::Device> device{};  // copy each batch here (e.g. torch::kCUDA)
+  /// Not in PyTorch: with a CUDA `device`, each batch is copied there on a side stream as soon as
+  /// it arrives, ahead of the loop, from page-locked shared memory (pin_memory is implied); the
+  /// loop's current stream waits for the copy. Fork workers may be started after CUDA is in use.
+  std::optional<torch::Device> device{};
+  /// Not in PyTorch: steps run on each whole batch once it is on `device` (on the GPU, on the copy
+  /// stream; on the CPU without a device), e.g. uint8 images to float and normalised there.
+  BatchTransforms device_transforms{};
   /// Not in PyTorch: a worker whose `Dataset::get` runs longer than this for one sample is
   /// killed and the loop gets a TimeoutError (0: no limit). Needs num_workers > 0.
   std::chrono::milliseconds sample_timeout{0};

@@ -78,6 +78,8 @@ DataLoader load_pipeline(const std::filesystem::path& file,
 /// seconds), and of the file itself: what the checks and `ferry describe loader` read.
 const TypeInfo& loader_keys();
 const TypeInfo& pipeline_keys();
+/// The steps a pipeline's `device_transforms` list may name (to_dtype, normalize) and their keys.
+const std::vector<TypeInfo>& device_transform_types();
 
 /// Applies one `key.path=value` setting to `root` (see PipelineOverrides::set).
 void apply_setting(Config& root, std::string_view setting);

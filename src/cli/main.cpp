@@ -130,6 +130,14 @@ int sample_data(const std::string& dir,
                 const std::string& size,
                 std::uint32_t seed,
                 bool force) {
+#if !defined(FERRY_HAS_VISION)
+  (void)classes, (void)per_class, (void)size, (void)seed, (void)force;
+  throw ferry::Error(ferry::detail::str(
+      dir,
+      ": ferry sample-data writes JPEGs with ferry::vision, which this build of ferry does "
+      "not have (OpenCV, libjpeg or libpng was not found); install libopencv-dev libjpeg-dev "
+      "libpng-dev and rebuild"));
+#else
   int width = 0;
   int height = 0;
   char tail = 0;
@@ -176,6 +184,7 @@ int sample_data(const std::string& dir,
   std::printf("%s: %zu photo-like JPEGs (%dx%d) in %zu classes\n", dir.c_str(), files.size(), width,
               height, classes);
   return 0;
+#endif
 }
 
 }  // namespace

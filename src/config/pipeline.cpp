@@ -202,9 +202,115 @@ const TypeInfo& pipeline_keys() {
            .help = "the order of the samples (unset: loader.shuffle decides)"},
           {.name = "loader", .type = ValueType::kAny, .help = "the loader's options"},
           {.name = "collate", .type = ValueType::kAny, .help = "how samples become a batch"},
+          {.name = "device_transforms",
+           .type = ValueType::kAny,
+           .help = "steps on whole batches once on loader.device (the GPU): to_dtype, normalize"},
       }};
   return info;
 }
+
+const std::vector<TypeInfo>& device_transform_types() {
+  static const std::vector<TypeInfo> types{
+      {.name = "normalize",
+       .summary = "(x - mean[c]) / std[c] over dimension 1 of each field ([B, C, ...]), as "
+                  "torchvision's Normalize, on the batch's device",
+       .keys = {{.name = "mean",
+                 .type = ValueType::kFloatList,
+                 .required = true,
+                 .help = "one value per channel"},
+                {.name = "std",
+                 .type = ValueType::kFloatList,
+                 .required = true,
+                 .help = "one value per channel"},
+                {.name = "fields",
+                 .type = ValueType::kStringList,
+                 .default_value = Config::list({Config("image")}),
+                 .help = "the batch fields"}},
+       .builtin = true},
+      {.name = "to_dtype",
+       .summary = "converts fields to a dtype on the batch's device, as torchvision's v2 "
+                  "ToDtype; with scale, uint8 images become floats in [0, 1] (x / 255)",
+       .keys = {{.name = "dtype",
+                 .type = ValueType::kString,
+                 .default_value = "float32",
+                 .help = "the new dtype",
+                 .choices = {"float32", "float16", "bfloat16", "float64"}},
+                {.name = "scale",
+                 .type = ValueType::kBool,
+                 .default_value = true,
+                 .help = "divide integers by their type's maximum"},
+                {.name = "fields",
+                 .type = ValueType::kStringList,
+                 .default_value = Config::list({Config("image")}),
+                 .help = "the batch fields"}},
+       .builtin = true},
+  };
+  return types;
+}
+
+namespace {
+
+// `device_transforms:` a list of {NAME: {...}}, {type: NAME, ...} or NAME, each checked against
+// its keys; returns the steps and their resolved configuration.
+std::pair<BatchTransforms, Config> build_device_transforms(const Config& list) {
+  BatchTransforms steps;
+  Config resolved = Config::list();
+  if (list.is_null()) return {steps, resolved};
+  if (!list.is_list()) {
+    throw ConfigError(detail::str(at(list), "device_transforms: expected a list of steps (each ",
+                                  "'- NAME: {key: value}'), found ", list.describe()));
+  }
+  std::size_t i = 0;
+  for (const Config& item : list.items()) {
+    const std::string path = detail::str("device_transforms[", i++, "]");
+    const Config node = normalise_component(item);
+    const Config* type = node.is_map() ? node.find("type") : nullptr;
+    if (type == nullptr || !type->is_scalar()) {
+      throw ConfigError(detail::str(at(item), path, ": expected {NAME: {key: value}} or NAME, ",
+                                    "found ", item.describe()));
+    }
+    const TypeInfo* info = nullptr;
+    std::vector<std::string> names;
+    for (const auto& t : device_transform_types()) {
+      names.push_back(t.name);
+      if (t.name == type->scalar()) info = &t;
+    }
+    if (info == nullptr) {
+      const auto near = nearest(type->scalar(), names);
+      throw ConfigError(detail::str(at(*type), path, ": unknown device transform '", type->scalar(),
+                                    "'", near ? "; did you mean '" + *near + "'?" : "",
+                                    " (device transforms: ", detail::join(names), ")"));
+    }
+    Config checked =
+        check_keys(*info, node, path, "device transform '" + info->name + "'", {"type"});
+    const Args a(*info, checked, path);
+    try {
+      if (info->name == "normalize") {
+        steps.push_back(std::make_shared<device_transforms::Normalize>(
+            a.get<std::vector<double>>("mean"), a.get<std::vector<double>>("std"),
+            a.get<std::vector<std::string>>("fields")));
+      } else {
+        const std::string d = a.get<std::string>("dtype");
+        const torch::ScalarType dtype = d == "float16"    ? torch::kHalf
+                                        : d == "bfloat16" ? torch::kBFloat16
+                                        : d == "float64"  ? torch::kDouble
+                                                          : torch::kFloat;
+        steps.push_back(std::make_shared<device_transforms::ToDtype>(
+            dtype, a.get<bool>("scale"), a.get<std::vector<std::string>>("fields")));
+      }
+    } catch (const ConfigError&) {
+      throw;
+    } catch (const Error& e) {
+      throw ConfigError(detail::str(at(item), path, ": ", e.what()));
+    }
+    Config entry = Config::map({{"type", info->name}});
+    for (const auto& [key, value] : checked.entries()) entry.set(key, value);
+    resolved.push_back(std::move(entry));
+  }
+  return {steps, resolved};
+}
+
+}  // namespace
 
 void apply_setting(Config& root, std::string_view setting) {
   const std::string text(setting);
@@ -278,6 +384,10 @@ Pipeline build_pipeline(Config root,
       std::chrono::milliseconds(std::llround(args.get<double>("sample_timeout") * 1000.0));
   options.worker_threads = args.get<std::size_t>("worker_threads");
   options.on_error = args.get<std::string>("on_error") == "skip" ? OnError::kSkip : OnError::kRaise;
+  const Config* device_node = root.find("device_transforms");
+  auto [device_steps, resolved_device_transforms] =
+      build_device_transforms(device_node ? *device_node : Config());
+  options.device_transforms = std::move(device_steps);
   if (overrides.options) overrides.options(options);
   try {
     options = resolve(std::move(options));
@@ -367,6 +477,9 @@ Pipeline build_pipeline(Config root,
   if (!resolved_sampler.is_null()) pipeline.config.set("sampler", std::move(resolved_sampler));
   pipeline.config.set("loader", std::move(resolved_loader));
   if (!resolved_collate.is_null()) pipeline.config.set("collate", std::move(resolved_collate));
+  if (!resolved_device_transforms.items().empty()) {
+    pipeline.config.set("device_transforms", std::move(resolved_device_transforms));
+  }
   return pipeline;
 }
 

@@ -1,16 +1,14 @@
 #include "ferry/data_loader.h"
 
 #include <thread>
-#include <typeinfo>
 
-#include <ATen/Context.h>
 #include <c10/util/Exception.h>
 
 #include "ferry/error.h"
 #include "ferry/registry.h"
 
-#include "loader/cuda_state.h"
 #include "loader/epoch_iterator.h"
+#include "loader/in_process_epoch.h"
 #include "loader/loader_state.h"
 #include "loader/multi_process_epoch.h"
 #include "workers/fetch.h"
@@ -18,119 +16,9 @@
 
 namespace ferry {
 
-namespace detail {
-
-EpochPlan::EpochPlan(BatchSampler& batch_sampler, std::uint64_t epoch) {
-  if (typeid(batch_sampler) == typeid(BatchSampler)) {
-    flat_ = batch_sampler.sampler()->indices(epoch);
-    batch_size_ = batch_sampler.batch_size();
-    count_ = batch_sampler.drop_last() ? flat_.size() / batch_size_
-                                       : (flat_.size() + batch_size_ - 1) / batch_size_;
-  } else {
-    lists_ = batch_sampler.batches(epoch);
-    count_ = lists_.size();
-  }
-}
-
-std::span<const std::int64_t> EpochPlan::batch(std::size_t k) const {
-  if (!lists_.empty() || flat_.empty()) return lists_.at(k);
-  const std::size_t start = k * batch_size_;
-  return std::span<const std::int64_t>(flat_).subspan(start,
-                                                      std::min(batch_size_, flat_.size() - start));
-}
-
-void LoaderState::record_skipped(std::uint64_t epoch,
-                                 const std::vector<workers::SkippedSample>& skipped) const {
-  if (skipped.empty()) return;
-  const std::lock_guard<std::mutex> lock(stats_mutex);
-  stats.skipped += skipped.size();
-  for (const auto& s : skipped) {
-    stats.skipped_samples.push_back({epoch, s.index, detail::str(s.type_name, ": ", s.message)});
-  }
-}
-
-Batch finish_batch(Batch batch, const LoaderState& state) {
-  state.delivered_batches.fetch_add(1, std::memory_order_relaxed);
-  state.delivered_samples.fetch_add(batch.size(), std::memory_order_relaxed);
-  if (state.pin) batch = batch.pin_memory();
-  const auto& device = state.options.device;
-  if (device && !device->is_cpu()) batch = batch.to(*device, /*non_blocking=*/state.pin);
-  return batch;
-}
-
-}  // namespace detail
-
 namespace {
 
-using detail::finish_batch;
 using detail::LoaderState;
-
-void check_open(const LoaderState& state) {
-  if (state.closed) {
-    throw LoaderClosed(
-        "DataLoader: the loader was destroyed while this iterator was in use; keep "
-        "the loader alive for as long as you iterate it");
-  }
-}
-
-// num_workers = 0 over a map-style dataset: load each batch in the calling thread.
-class InProcessMapEpoch final : public detail::EpochIterator {
- public:
-  InProcessMapEpoch(std::shared_ptr<const LoaderState> state, std::uint64_t epoch)
-      : state_(std::move(state)),
-        epoch_(epoch),
-        plan_(*state_->batch_sampler, epoch),
-        size_(state_->dataset->size()) {
-    fetch_options_.threads = state_->options.worker_threads;
-    fetch_options_.skip_errors = state_->options.on_error == OnError::kSkip;
-  }
-
-  std::optional<Batch> next() override {
-    for (;;) {
-      check_open(*state_);
-      if (position_ >= plan_.size()) return std::nullopt;
-      const std::size_t sequence = position_++;  // past this batch even if it fails
-      const workers::WorkerIdentity who{0, 1, *state_->options.seed};
-      workers::FetchedBatch fetched = workers::fetch_batch(
-          *state_->dataset, size_, plan_.batch(sequence), epoch_, who, fetch_options_, nullptr);
-      state_->record_skipped(epoch_, fetched.skipped);
-      if (fetched.samples.empty()) continue;  // every sample was skipped
-      return finish_batch(workers::collate_samples(std::move(fetched.samples), state_->collate_fn,
-                                                   *state_->buffers, epoch_, sequence),
-                          *state_);
-    }
-  }
-
- private:
-  std::shared_ptr<const LoaderState> state_;
-  std::uint64_t epoch_;
-  detail::EpochPlan plan_;
-  std::size_t size_;
-  workers::FetchOptions fetch_options_;
-  std::size_t position_ = 0;
-};
-
-// num_workers = 0 over an iterable dataset: one stream, read in the calling thread.
-class InProcessStreamEpoch final : public detail::EpochIterator {
- public:
-  InProcessStreamEpoch(std::shared_ptr<const LoaderState> state, std::uint64_t epoch)
-      : state_(std::move(state)),
-        reader_(*state_->iterable, epoch, workers::WorkerIdentity{0, 1, *state_->options.seed}) {}
-
-  std::optional<Batch> next() override {
-    check_open(*state_);
-    auto samples = reader_.next_batch(state_->options.batch_size, state_->options.drop_last);
-    if (samples.empty()) return std::nullopt;
-    return finish_batch(workers::collate_samples(std::move(samples), state_->collate_fn,
-                                                 *state_->buffers, reader_.epoch(), sequence_++),
-                        *state_);
-  }
-
- private:
-  std::shared_ptr<const LoaderState> state_;
-  workers::StreamReader reader_;
-  std::size_t sequence_ = 0;
-};
 
 // The checks every constructor shares, after resolve(): what PyTorch's DataLoader also refuses,
 // plus what ferry cannot do yet on this machine.
@@ -145,18 +33,9 @@ std::shared_ptr<LoaderState> make_state(DataLoaderOptions options, CollateFn col
   }
   state->collate_fn = std::move(collate_fn);
   const DataLoaderOptions& o = state->options;
-  if (o.device && o.device->is_cuda()) {
-    FERRY_CHECK(at::hasCUDA(), "device=", o.device->str(),
-                " but this LibTorch has no CUDA support or no GPU is visible; use a CUDA-enabled "
-                "LibTorch on a machine with a GPU, or leave device unset");
-  }
-  if (o.pin_memory) {
-    state->pin = at::hasCUDA();
-    if (!state->pin) {
-      TORCH_WARN_ONCE(
-          "ferry: pin_memory=true but no CUDA device is available; batches are not "
-          "pinned");
-    }
+  if (o.pin_memory || (o.device && !o.device->is_cpu()) || !o.device_transforms.empty()) {
+    state->stage =
+        std::make_shared<device::DeviceStage>(o.device, o.pin_memory, o.device_transforms);
   }
   if (o.num_workers > std::thread::hardware_concurrency()) {
     TORCH_WARN_ONCE("ferry: num_workers=", o.num_workers, " but this machine has ",
@@ -173,10 +52,9 @@ void prepare_workers(LoaderState& s) {
   if (o.num_workers == 0) return;
   const StartMethod method = *o.start_method;
   const std::string name(to_string(method));
-  if (method == StartMethod::kFork) {
-    detail::check_fork_is_safe();
-    return;
-  }
+  // fork is allowed after this process initialised CUDA, as in PyTorch: workers never use it
+  // (DESIGN.md, "Processes and threads").
+  if (method == StartMethod::kFork) return;
   const ComponentSpec* spec = s.dataset ? s.dataset->spec() : s.iterable->spec();
   FERRY_CHECK(spec != nullptr, "start_method=", name,
               " rebuilds the dataset in each worker from its registered type and configuration, "
@@ -342,9 +220,9 @@ DataLoader::Iterator DataLoader::begin() {
   if (state_->options.num_workers > 0) {
     impl = std::make_shared<detail::MultiProcessEpoch>(state_, epoch);
   } else if (state_->dataset) {
-    impl = std::make_shared<InProcessMapEpoch>(state_, epoch);
+    impl = std::make_shared<detail::InProcessMapEpoch>(state_, epoch);
   } else {
-    impl = std::make_shared<InProcessStreamEpoch>(state_, epoch);
+    impl = std::make_shared<detail::InProcessStreamEpoch>(state_, epoch);
   }
   Iterator it(std::move(impl));
   ++it;

@@ -14,6 +14,7 @@
 #include "ferry/sampler.h"
 
 #include "collate/buffer_pool.h"
+#include "device/device_stage.h"
 #include "ipc/unique_fd.h"
 #include "workers/fetch.h"
 
@@ -40,7 +41,9 @@ struct LoaderState {
   std::uint64_t collate_hash = 0;
   std::string worker_program;  // empty: this program (it called ferry::init)
   std::uint64_t next_epoch = 0;
-  bool pin = false;  // pin_memory requested and possible
+  // pin_memory, a device or device transforms: the stage between the loader and the loop. Null
+  // when there is nothing to do, so the default path pays nothing for it.
+  std::shared_ptr<device::DeviceStage> stage;
   // num_workers = 0: batch buffers, reused once the training loop lets go of a batch.
   std::shared_ptr<collate::BufferPool> buffers = std::make_shared<collate::BufferPool>();
 
@@ -85,7 +88,10 @@ class EpochPlan {
   std::size_t count_ = 0;
 };
 
-// Pinning and the device copy, applied to each batch before it reaches the training loop.
-Batch finish_batch(Batch batch, const LoaderState& state);
+// Counts a batch as delivered and hands it to the training loop through the device stage (which
+// started it when it arrived: its copy may already be done).
+Batch deliver(device::StagedBatch staged, const LoaderState& state);
+// A batch the calling thread just loaded: started and delivered at once.
+Batch deliver(Batch host, const LoaderState& state);
 
 }  // namespace ferry::detail

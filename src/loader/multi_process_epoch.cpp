@@ -10,8 +10,8 @@
 
 #include "ferry/error.h"
 
+#include "device/cuda_driver.h"
 #include "ipc/protocol.h"
-#include "loader/cuda_state.h"
 #include "workers/worker_loop.h"
 
 namespace ferry::detail {
@@ -21,7 +21,7 @@ namespace {
 // Holds a segment's mapping for as long as any tensor of its batch lives; then sends the segment
 // back to its worker (through the pool's recycle queue, if the pool still exists).
 struct SegmentLease {
-  std::shared_ptr<ipc::MappedRegion> mapping;
+  std::shared_ptr<MappedSegment> mapping;
   std::weak_ptr<RecycleQueue> queue;
   std::size_t worker = 0;
   std::uint64_t segment_id = 0;
@@ -83,8 +83,6 @@ MultiProcessEpoch::MultiProcessEpoch(std::shared_ptr<LoaderState> state, std::ui
 
 void MultiProcessEpoch::start_workers() {
   pool_->owner_token = token_;
-  // CUDA may have started since construction (a model moved to the GPU, pinned batches).
-  if (*state_->options.start_method == StartMethod::kFork) check_fork_is_safe();
   try {
     while (!pool_->all_started()) {
       pool_->start_worker();
@@ -126,6 +124,7 @@ std::optional<Batch> MultiProcessEpoch::next_locked() {
   std::optional<ipc::Clock::time_point> deadline;
   if (timeout.count() > 0) deadline = ipc::Clock::now() + timeout;
   for (;;) {
+    if (state_->stage) state_->stage->release_completed();  // copies done: segments go back
     pool_->collect_recycles();
     dispatch();              // released segments ride along with the tasks...
     pool_->send_recycles();  // ...or go on their own to workers that got none
@@ -133,7 +132,7 @@ std::optional<Batch> MultiProcessEpoch::next_locked() {
       state_->record_skipped(epoch_, r->skipped);
       if (r->stream_end || r->empty) continue;
       if (r->error) std::rethrow_exception(r->error);
-      return finish_batch(std::move(*r->batch), *state_);
+      return deliver(std::move(*r->batch), *state_);
     }
     if (finished()) return std::nullopt;
     // A spawn or forkserver worker's start-up (a fresh program, the dataset rebuilt) is not a
@@ -387,13 +386,15 @@ void MultiProcessEpoch::handle_message(WorkerSlot& w,
       result.empty = true;
       result.skipped = std::move(m->skipped);
     } else {
-      std::shared_ptr<ipc::MappedRegion> mapping;
+      std::shared_ptr<MappedSegment> mapping;
+      bool reused = false;
       if (!fds.empty()) {
-        mapping = std::make_shared<ipc::MappedRegion>(
-            ipc::MappedRegion::map_shared(fds.front().get(), m->segment_size, true));
+        mapping = std::make_shared<MappedSegment>();
+        mapping->region = ipc::MappedRegion::map_shared(fds.front().get(), m->segment_size, true);
         w.segments[m->segment_id] = mapping;
       } else if (auto it = w.segments.find(m->segment_id); it != w.segments.end()) {
         mapping = it->second;
+        reused = true;
       } else {
         fail(std::make_exception_ptr(Error(detail::str(
             "DataLoader worker ", w.id, " sent a batch in unknown segment ", m->segment_id))));
@@ -405,6 +406,14 @@ void MultiProcessEpoch::handle_message(WorkerSlot& w,
       lease->worker = w.id;
       lease->segment_id = m->segment_id;
       if (!current) return;  // the lease recycles the segment as it goes
+      const ipc::MappedRegion& region = mapping->region;
+      const auto& stage = state_->stage;
+      // A segment is page-locked when it comes back for reuse, once (about 50 ms for 38.5 MB):
+      // its first batch, like a one-off segment's, takes a pinned copy instead.
+      if (reused && stage && stage->page_locks_segments() && !mapping->lock_tried) {
+        mapping->lock_tried = true;
+        mapping->page_lock = stage->page_lock(region.data(), region.size());
+      }
       result.skipped = std::move(m->skipped);
       Batch batch(m->num_samples);
       for (auto& f : m->fields) {
@@ -412,17 +421,26 @@ void MultiProcessEpoch::handle_message(WorkerSlot& w,
           batch.set(f.name, std::move(f.strings));
           continue;
         }
-        if (f.offset + f.nbytes > mapping->size()) {
+        if (f.offset + f.nbytes > region.size()) {
           fail(std::make_exception_ptr(Error(detail::str("DataLoader worker ", w.id, ": field '",
                                                          f.name, "' lies outside its segment"))));
         }
         batch.set(f.name, at::from_blob(
-                              mapping->data() + f.offset, f.sizes, [lease](void*) {},
+                              region.data() + f.offset, f.sizes, [lease](void*) {},
                               at::TensorOptions().dtype(static_cast<c10::ScalarType>(f.dtype))));
       }
       batch.set_indices(std::move(m->indices));
       batch.set_position(epoch_, m->sequence);
-      result.batch = std::move(batch);
+      if (!stage) {
+        result.batch = device::StagedBatch{std::move(batch), nullptr};
+      } else {
+        // Its copy to the device starts now, ahead of the loop; a failure fails this batch only.
+        try {
+          result.batch = stage->start(std::move(batch), static_cast<bool>(mapping->page_lock));
+        } catch (...) {
+          result.error = std::current_exception();
+        }
+      }
     }
   } else if (auto* m = std::get_if<ipc::SampleErrorMessage>(&message)) {
     sequence = m->sequence;
@@ -436,9 +454,9 @@ void MultiProcessEpoch::handle_message(WorkerSlot& w,
     const std::string where =
         m->index >= 0 ? detail::str("loading index ", m->index, " of batch ", m->sequence)
                       : detail::str("collating batch ", m->sequence);
-    const std::string what =
-        detail::str("DataLoader worker ", w.id, " (pid ", w.process.pid(), ") raised ",
-                    m->type_name, " ", where, " of epoch ", epoch_, ": ", m->message);
+    const std::string what = detail::str("DataLoader worker ", w.id, " (pid ", w.process.pid(),
+                                         ") raised ", m->type_name, " ", where, " of epoch ",
+                                         epoch_, ": ", m->message, cuda_advice(m->message));
     if (m->type_name == "ferry::SharedMemoryError") {
       result.error = std::make_exception_ptr(SharedMemoryError(what));
     } else {
@@ -453,8 +471,9 @@ void MultiProcessEpoch::handle_message(WorkerSlot& w,
     WorkerFailure failure = failure_of(w);
     failure.type_name = m->type_name;
     failure.message = m->message;
-    const std::string what = detail::str("DataLoader worker ", w.id, " (pid ", w.process.pid(),
-                                         ") failed (", m->type_name, "): ", m->message);
+    const std::string what =
+        detail::str("DataLoader worker ", w.id, " (pid ", w.process.pid(), ") failed (",
+                    m->type_name, "): ", m->message, cuda_advice(m->message));
     fail(std::make_exception_ptr(WorkerError(what, std::move(failure))));
   }
   if (state_->options.in_order) {
@@ -475,6 +494,16 @@ WorkerFailure MultiProcessEpoch::failure_of(const WorkerSlot& w) const {
     failure.indices.insert(failure.indices.end(), task.indices.begin(), task.indices.end());
   }
   return failure;
+}
+
+std::string MultiProcessEpoch::cuda_advice(const std::string& message) const {
+  if (message.find("CUDA") == std::string::npos && message.find("cuda") == std::string::npos) {
+    return {};
+  }
+  if (*state_->options.start_method != StartMethod::kFork || !device::cuda_initialized()) return {};
+  return " (this worker was forked after this process initialised CUDA, so it cannot use CUDA: "
+         "keep GPU work in the training loop or in device_transforms, which run on the GPU "
+         "after the copy; or use start_method=spawn, whose workers start CUDA afresh)";
 }
 
 void MultiProcessEpoch::check_handshake(WorkerSlot& w, const ipc::WorkerReadyMessage& m) {

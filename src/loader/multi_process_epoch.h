@@ -31,7 +31,7 @@ class MultiProcessEpoch final : public EpochIterator {
 
  private:
   struct Result {
-    std::optional<Batch> batch;
+    std::optional<device::StagedBatch> batch;  // started through the device stage on arrival
     std::exception_ptr error;
     bool stream_end = false;  // iterable: the worker's stream ended; nothing to deliver
     bool empty = false;       // every sample of the batch was skipped; nothing to deliver
@@ -64,6 +64,8 @@ class MultiProcessEpoch final : public EpochIterator {
   [[noreturn]] void timed_out(std::chrono::milliseconds waited);
   [[noreturn]] void fail(std::exception_ptr error);
   WorkerFailure failure_of(const WorkerSlot& w) const;
+  // Advice for a worker error that mentions CUDA, when workers were forked after CUDA started.
+  std::string cuda_advice(const std::string& message) const;
 
   std::shared_ptr<LoaderState> state_;
   std::shared_ptr<WorkerPool> pool_;

@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "device/cuda_driver.h"
 #include "ipc/channel.h"
 #include "ipc/child_process.h"
 #include "ipc/shared_memory.h"
@@ -21,6 +22,14 @@ namespace ferry::detail {
 struct RecycleQueue {
   std::mutex mutex;
   std::vector<std::pair<std::size_t, std::uint64_t>> items;  // (worker, segment id)
+};
+
+// A worker's segment as this process maps it: the mapping, and once the segment has come back
+// for reuse (with pin_memory or a CUDA device), its page-lock, undone before the unmap.
+struct MappedSegment {
+  ipc::MappedRegion region;
+  device::HostRegistration page_lock;  // declared after `region`: destroyed first
+  bool lock_tried = false;             // page-locked, or the driver refused: never asked again
 };
 
 struct TaskRecord {
@@ -38,7 +47,7 @@ struct WorkerSlot {
   ipc::Channel data;                    // worker -> main
   std::deque<TaskRecord> in_flight;     // a worker answers its tasks in order
   std::vector<std::uint64_t> recycled;  // segments to send back, with the next task if any
-  std::unordered_map<std::uint64_t, std::shared_ptr<ipc::MappedRegion>> segments;
+  std::unordered_map<std::uint64_t, std::shared_ptr<MappedSegment>> segments;
   bool dead = false;
   bool ready = true;  // spawn and forkserver: false until the worker's handshake arrives
   // This epoch: tasks sent whose batch the training loop has not received yet (bounded by

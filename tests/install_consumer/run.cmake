@@ -28,8 +28,20 @@ if(private_headers)
   message(FATAL_ERROR "install_consumer: private headers were installed: ${private_headers}")
 endif()
 
+# ferry's prefix first, then where the ferry build found its dependencies (CONSUMER_PREFIX_PATH,
+# '|'-separated, and Torch_DIR), as a user points CMake at PyTorch's LibTorch.
+set(prefix_path "${prefix}")
+if(CONSUMER_PREFIX_PATH)
+  string(REPLACE "|" ";" extra "${CONSUMER_PREFIX_PATH}")
+  list(APPEND prefix_path ${extra})
+endif()
+set(torch_arg)
+if(Torch_DIR)
+  set(torch_arg "-DTorch_DIR=${Torch_DIR}")
+endif()
 step("configure examples/" ${CMAKE_COMMAND} -S "${FERRY_SOURCE_DIR}/examples" -B "${build}"
-     -G "${GENERATOR}" -DCMAKE_BUILD_TYPE=Release "-DCMAKE_PREFIX_PATH=${prefix}")
+     -G "${GENERATOR}" -DCMAKE_BUILD_TYPE=Release "-DCMAKE_PREFIX_PATH=${prefix_path}"
+     ${torch_arg})
 string(FIND "${step_output}" "using ferry 0.1.0 from ${prefix}/" found)
 if(found EQUAL -1)
   message(FATAL_ERROR "install_consumer: examples/ did not find ferry in ${prefix}:\n${step_output}")

@@ -113,7 +113,30 @@ TEST(DataLoaderOptions, RejectsSamplersAndShuffleWithAnIterableDataset) {
 TEST(DataLoaderOptions, RejectsACudaDeviceWithoutCuda) {
   if (at::hasCUDA()) GTEST_SKIP() << "this machine has CUDA";
   EXPECT_THAT([] { DataLoader(dataset(), {.device = torch::Device(torch::kCUDA)}); },
-              ThrowsMessage<ConfigError>(HasSubstr("device=cuda")));
+              ThrowsMessage<ConfigError>(::testing::AllOf(HasSubstr("device=cuda"),
+                                                          HasSubstr("built without CUDA"),
+                                                          HasSubstr("cmake_prefix_path"))));
+  EXPECT_THAT([] { DataLoader(dataset(), {.num_workers = 1, .device = torch::Device("cuda:1")}); },
+              ThrowsMessage<ConfigError>(HasSubstr("device=cuda:1")));
+}
+
+TEST(DataLoaderOptions, RejectsADeviceThatIsNeitherCpuNorCuda) {
+  EXPECT_THAT([] { DataLoader(dataset(), {.device = torch::Device("meta")}); },
+              ThrowsMessage<ConfigError>(HasSubstr("use cuda, cuda:N or cpu")));
+}
+
+TEST(DataLoaderOptions, ACpuDeviceNeedsNoCuda) {
+  DataLoader loader(dataset(), {.batch_size = 4, .device = torch::Device(torch::kCPU)});
+  std::size_t tensors = 0;
+  for (auto& batch : loader) {
+    for (const auto& name : batch) {
+      if (!batch.is_tensor(name)) continue;
+      EXPECT_TRUE(batch[name].device().is_cpu()) << name;
+      ++tensors;
+    }
+  }
+  EXPECT_GT(tensors, 0u);
+  EXPECT_EQ(loader.stats().batches, loader.size());
 }
 
 TEST(DataLoaderOptions, NullObjectsAreRefused) {

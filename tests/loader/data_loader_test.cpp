@@ -258,10 +258,18 @@ TEST(DataLoader, IterableDatasetWithoutSizeHintHasNoSize) {
   EXPECT_EQ(n, 7u);
 }
 
-TEST(DataLoader, PinMemoryWithoutCudaStillLoads) {
+TEST(DataLoader, PinMemoryWithoutCudaIsAConfigErrorNamingWhatIsMissing) {
   if (at::hasCUDA()) GTEST_SKIP() << "this machine has CUDA";
-  DataLoader loader(std::make_shared<RangeDataset>(4), {.batch_size = 2, .pin_memory = true});
-  EXPECT_EQ(epoch_indices(loader).size(), 2u);
+  for (const std::size_t workers : {0, 2}) {
+    EXPECT_THAT(
+        [&] {
+          DataLoader(std::make_shared<RangeDataset>(4),
+                     {.batch_size = 2, .num_workers = workers, .pin_memory = true});
+        },
+        ThrowsMessage<ConfigError>(::testing::AllOf(HasSubstr("pin_memory=true"),
+                                                    HasSubstr("built without CUDA"),
+                                                    HasSubstr("set pin_memory=false"))));
+  }
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // The start methods (fork, spawn, forkserver): identical batches from each, the spawn and
 // forkserver handshake (configuration hash, dataset size), the errors of RELIABILITY row 5 under
-// spawn and forkserver, parallel start-up (pytorch#71543), and the CUDA refusal of row 22.
+// spawn and forkserver, parallel start-up (pytorch#71543), and fork after CUDA (row 22).
 
 #include <unistd.h>
 
@@ -17,7 +17,7 @@
 #include "ferry/init.h"
 #include "ferry/registry.h"
 
-#include "loader/cuda_state.h"
+#include "device/cuda_driver.h"
 #include "loader/worker_pool.h"
 #include "support/child_test.h"
 #include "support/process_harness.h"
@@ -230,33 +230,68 @@ TEST(StartMethods, ASpawnedWorkerWithAnotherConfigurationHashIsRefused) {
 
 // Pretends CUDA is initialised for as long as it lives.
 struct PretendCuda {
-  PretendCuda() { detail::fault::pretend_cuda_initialized(true); }
-  ~PretendCuda() { detail::fault::pretend_cuda_initialized(false); }
+  PretendCuda() { device::fault::pretend_cuda_initialized(true); }
+  ~PretendCuda() { device::fault::pretend_cuda_initialized(false); }
 };
 
-TEST(StartMethods, ForkAfterCudaIsRefusedAndSpawnWorks) {  // row 22, CPU part
-  std::optional<PretendCuda> cuda(std::in_place);
-  EXPECT_THAT([] { DataLoader(testing::range(4), {.num_workers = 1}); },
-              ThrowsMessage<ConfigError>(AllOf(HasSubstr("initialised CUDA"),
-                                               HasSubstr("start_method=spawn or forkserver"))));
-  std::size_t n = 0;
-  for (const auto method : {StartMethod::kSpawn, StartMethod::kForkserver}) {
-    DataLoader loader(testing::range(4),
-                      {.batch_size = 2, .num_workers = 1, .start_method = method});
-    for (auto& batch : loader) n += batch.size();
+// Row 22, CPU part: as in PyTorch, fork workers may start after the process initialised CUDA
+// (a model moved to the GPU first), at construction and at any epoch, persistent or not.
+TEST(StartMethods, ForkAfterCudaIsAllowedAtConstructionAndAtEveryEpoch) {
+  for (const bool persistent : {false, true}) {
+    std::optional<PretendCuda> cuda(std::in_place);
+    DataLoader loader(testing::range(10), {.batch_size = 3,
+                                           .num_workers = 2,
+                                           .persistent_workers = persistent,
+                                           .start_method = StartMethod::kFork});
+    for (int epoch = 0; epoch < 2; ++epoch) {
+      std::vector<std::int64_t> seen;
+      for (auto& batch : loader) {
+        seen.insert(seen.end(), batch.indices().begin(), batch.indices().end());
+      }
+      EXPECT_EQ(seen, (std::vector<std::int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}))
+          << "persistent=" << persistent << " epoch " << epoch;
+    }
   }
-  cuda.reset();
-  EXPECT_EQ(n, 8u);
-  EXPECT_FALSE(detail::cuda_initialized()) << "this machine's process has no CUDA context";
+  EXPECT_FALSE(device::cuda_initialized()) << "this machine's process has no CUDA context";
 }
 
-TEST(StartMethods, CudaStartedAfterConstructionRefusesTheNextFork) {  // row 22, CPU part
+TEST(StartMethods, CudaStartedBetweenEpochsStillForksTheNextEpoch) {  // row 22, CPU part
   DataLoader loader(testing::range(4), {.batch_size = 2, .num_workers = 1});
   for (auto& batch : loader) (void)batch;  // epoch 0 forks before CUDA
   const PretendCuda cuda;                  // e.g. the model moved to the GPU, or pinned batches
-  EXPECT_THAT([&] { (void)loader.begin(); },
-              ThrowsMessage<ConfigError>(
-                  AllOf(HasSubstr("initialised CUDA"), HasSubstr("persistent_workers=true"))));
+  std::size_t n = 0;
+  for (auto& batch : loader) n += batch.size();
+  EXPECT_EQ(n, 4u);
+}
+
+// A forked worker that uses CUDA anyway fails with CUDA's own reason and, where the parent had
+// initialised CUDA, the advice; the same error without CUDA in the parent gets no such advice.
+TEST(StartMethods, AWorkerErrorNamingCudaAfterCudaStartedCarriesTheReasonAndTheAdvice) {
+  class UsesCuda : public Dataset {
+   public:
+    std::size_t size() const override { return 2; }
+    Example get(std::size_t, SampleContext&) const override {
+      throw std::runtime_error("CUDA error: initialization error");  // what CUDA says there
+    }
+  };
+  for (const bool cuda_started : {true, false}) {
+    std::optional<PretendCuda> cuda;
+    if (cuda_started) cuda.emplace();
+    DataLoader loader(std::make_shared<UsesCuda>(), {.num_workers = 1});
+    try {
+      for (auto& b : loader) (void)b;
+      FAIL() << "no error";
+    } catch (const WorkerError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("CUDA error: initialization error"));
+      if (cuda_started) {
+        EXPECT_THAT(e.what(),
+                    AllOf(HasSubstr("forked after this process initialised CUDA"),
+                          HasSubstr("device_transforms"), HasSubstr("start_method=spawn")));
+      } else {
+        EXPECT_THAT(e.what(), ::testing::Not(HasSubstr("forked after")));
+      }
+    }
+  }
 }
 
 TEST_P(FreshStart, AWorkerThatNeverFinishesStartingTimesOutEvenWithoutATimeout) {

@@ -1,0 +1,211 @@
+#include "device/cuda_driver.h"
+
+#include <dlfcn.h>
+
+#include <array>
+#include <atomic>
+#include <cstdio>
+#include <mutex>
+#include <utility>
+
+#include "ferry/error.h"
+
+#include "ipc/shared_memory.h"
+
+namespace ferry::device {
+
+namespace {
+std::atomic<bool> g_pretend{false};
+std::atomic<std::size_t> g_live_registrations{0};
+
+// The driver API's types and constants, as cuda.h declares them.
+using CUresult = int;
+using CUdevice = int;
+using CUcontext = void*;
+constexpr CUresult kCudaSuccess = 0;
+constexpr unsigned kMemHostRegisterPortable = 0x01;
+
+// The driver's entry points that ferry uses, looked up once. `loaded` is false where there is no
+// driver (a CPU-only machine); callers only get here after LibTorch found a GPU.
+struct Driver {
+  bool loaded = false;
+  CUresult (*init)(unsigned) = nullptr;
+  CUresult (*device_get)(CUdevice*, int) = nullptr;
+  CUresult (*primary_ctx_retain)(CUcontext*, CUdevice) = nullptr;
+  CUresult (*ctx_push)(CUcontext) = nullptr;
+  CUresult (*ctx_pop)(CUcontext*) = nullptr;
+  CUresult (*host_register)(void*, std::size_t, unsigned) = nullptr;
+  CUresult (*host_unregister)(void*) = nullptr;
+  CUresult (*mem_get_info)(std::size_t*, std::size_t*) = nullptr;
+  CUresult (*error_string)(CUresult, const char**) = nullptr;
+
+  static const Driver& get() {
+    static const Driver driver = load();
+    return driver;
+  }
+
+  std::string describe(CUresult r) const {
+    const char* text = nullptr;
+    if (error_string != nullptr && error_string(r, &text) == kCudaSuccess && text != nullptr) {
+      return detail::str(text, " (CUresult ", r, ")");
+    }
+    return detail::str("CUresult ", r);
+  }
+
+ private:
+  static Driver load() {
+    Driver d;
+    // Kept open for the life of the process: registrations may be undone at exit.
+    void* lib = ::dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+    if (lib == nullptr) return d;
+    auto sym = [lib](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(::dlsym(lib, name));
+      return fn != nullptr;
+    };
+    d.loaded = sym(d.init, "cuInit") && sym(d.device_get, "cuDeviceGet") &&
+               sym(d.primary_ctx_retain, "cuDevicePrimaryCtxRetain") &&
+               sym(d.ctx_push, "cuCtxPushCurrent_v2") && sym(d.ctx_pop, "cuCtxPopCurrent_v2") &&
+               sym(d.host_register, "cuMemHostRegister_v2") &&
+               sym(d.host_unregister, "cuMemHostUnregister") &&
+               sym(d.mem_get_info, "cuMemGetInfo_v2");
+    sym(d.error_string, "cuGetErrorString");
+    return d;
+  }
+};
+
+// The primary context of a device (the one LibTorch's runtime uses), retained once per process
+// and made current around each driver call: the calling thread may have no context of its own.
+class PrimaryContext {
+ public:
+  PrimaryContext(const Driver& driver, int device_index) : driver_(driver) {
+    static std::mutex mutex;
+    static std::array<CUcontext, 64> contexts{};
+    FERRY_CHECK(device_index >= 0 && device_index < static_cast<int>(contexts.size()),
+                "CUDA device index ", device_index, " is out of range");
+    {
+      const std::lock_guard<std::mutex> lock(mutex);
+      CUcontext& ctx = contexts[static_cast<std::size_t>(device_index)];
+      if (ctx == nullptr) {
+        CUdevice device = 0;
+        CUresult r = driver.init(0);
+        if (r == kCudaSuccess) r = driver.device_get(&device, device_index);
+        if (r == kCudaSuccess) r = driver.primary_ctx_retain(&ctx, device);
+        if (r != kCudaSuccess) {
+          ctx = nullptr;
+          throw Error(detail::str("CUDA driver: cannot retain the primary context of device ",
+                                  device_index, ": ", driver.describe(r)));
+        }
+      }
+      ctx_ = ctx;
+    }
+    const CUresult r = driver.ctx_push(ctx_);
+    if (r != kCudaSuccess) {
+      throw Error(detail::str("CUDA driver: cannot make device ", device_index,
+                              "'s context current: ", driver.describe(r)));
+    }
+  }
+  ~PrimaryContext() {
+    CUcontext popped = nullptr;
+    (void)driver_.ctx_pop(&popped);
+  }
+  PrimaryContext(const PrimaryContext&) = delete;
+  PrimaryContext& operator=(const PrimaryContext&) = delete;
+
+ private:
+  const Driver& driver_;
+  CUcontext ctx_ = nullptr;
+};
+
+}  // namespace
+
+void fault::pretend_cuda_initialized(bool on) noexcept { g_pretend = on; }
+
+bool cuda_initialized() noexcept {
+  if (g_pretend) return true;
+  void* driver = ::dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+  if (driver == nullptr) return false;  // never loaded: CUDA cannot have started
+  bool initialised = false;
+  auto* get_current =
+      reinterpret_cast<CUresult (*)(CUcontext*)>(::dlsym(driver, "cuCtxGetCurrent"));
+  auto* count = reinterpret_cast<CUresult (*)(int*)>(::dlsym(driver, "cuDeviceGetCount"));
+  auto* state = reinterpret_cast<CUresult (*)(CUdevice, unsigned*, int*)>(
+      ::dlsym(driver, "cuDevicePrimaryCtxGetState"));
+  CUcontext current = nullptr;
+  if (get_current != nullptr && get_current(&current) == kCudaSuccess && current != nullptr) {
+    initialised = true;
+  }
+  int devices = 0;
+  // Before cuInit, cuDeviceGetCount fails with CUDA_ERROR_NOT_INITIALIZED: not started.
+  if (!initialised && count != nullptr && state != nullptr && count(&devices) == kCudaSuccess) {
+    for (int d = 0; d < devices && !initialised; ++d) {
+      unsigned flags = 0;
+      int active = 0;
+      if (state(d, &flags, &active) == kCudaSuccess && active != 0) initialised = true;
+    }
+  }
+  ::dlclose(driver);
+  return initialised;
+}
+
+HostRegistration HostRegistration::page_lock(void* data, std::size_t size, int device_index) {
+  const Driver& driver = Driver::get();
+  FERRY_CHECK(driver.loaded,
+              "pin_memory: the CUDA driver (libcuda.so.1) could not be loaded, so shared memory "
+              "cannot be page-locked; install the NVIDIA driver, or set pin_memory=false");
+  const PrimaryContext context(driver, device_index);
+  const CUresult r = driver.host_register(data, size, kMemHostRegisterPortable);
+  if (r != kCudaSuccess) {
+    throw Error(detail::str("CUDA driver: cuMemHostRegister of ", ipc::format_bytes(size),
+                            " of shared memory failed: ", driver.describe(r)));
+  }
+  g_live_registrations.fetch_add(1, std::memory_order_relaxed);
+  return HostRegistration(data, device_index);
+}
+
+HostRegistration::HostRegistration(HostRegistration&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), device_index_(other.device_index_) {}
+
+HostRegistration& HostRegistration::operator=(HostRegistration&& other) noexcept {
+  if (this != &other) {
+    reset();
+    data_ = std::exchange(other.data_, nullptr);
+    device_index_ = other.device_index_;
+  }
+  return *this;
+}
+
+void HostRegistration::reset() noexcept {
+  void* data = std::exchange(data_, nullptr);
+  if (data == nullptr) return;
+  g_live_registrations.fetch_sub(1, std::memory_order_relaxed);
+  const Driver& driver = Driver::get();
+  try {
+    const PrimaryContext context(driver, device_index_);
+    const CUresult r = driver.host_unregister(data);
+    if (r != kCudaSuccess) {
+      std::fprintf(stderr, "ferry: cuMemHostUnregister failed: %s\n", driver.describe(r).c_str());
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ferry: cannot unlock page-locked shared memory: %s\n", e.what());
+  }
+}
+
+std::size_t live_host_registrations() noexcept {
+  return g_live_registrations.load(std::memory_order_relaxed);
+}
+
+std::int64_t device_memory_used(int device_index) noexcept {
+  try {
+    const Driver& driver = Driver::get();
+    if (!driver.loaded) return -1;
+    const PrimaryContext context(driver, device_index);
+    std::size_t free = 0;
+    std::size_t total = 0;
+    if (driver.mem_get_info(&free, &total) != kCudaSuccess) return -1;
+    return static_cast<std::int64_t>(total - free);
+  } catch (...) {
+    return -1;
+  }
+}
+
+}  // namespace ferry::device

@@ -1,0 +1,90 @@
+#pragma once
+
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+
+#include <c10/core/Event.h>
+#include <c10/core/Stream.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+#include <torch/types.h>
+
+#include "ferry/batch.h"
+#include "ferry/device_transforms.h"
+
+#include "device/cuda_driver.h"
+
+namespace ferry::device {
+
+// A batch on its way to the training loop: its tensors on the loader's device, and on a CUDA
+// device the event that its copy and device transforms end with.
+struct StagedBatch {
+  Batch batch;
+  std::shared_ptr<c10::Event> ready;  // null: nothing to wait for
+};
+
+// The device stage (DESIGN.md): between the loader, which assembles host batches, and the
+// training loop. It page-locks recycled shared-memory segments, copies batches to a CUDA device on
+// one long-lived side stream as soon as they arrive, runs the device transforms there, and hands
+// each batch over with an event that the loop's stream waits on. It knows tensors and CUDA (through
+// LibTorch's device-generic API and the driver loaded at run time), nothing of workers.
+//
+// Not thread-safe except where noted: the loader calls it from the iterating thread.
+class DeviceStage {
+ public:
+  // `device` unset or the CPU: no copy. Throws ConfigError when pin_memory or a CUDA device is
+  // asked of a LibTorch without CUDA or a machine without a GPU.
+  DeviceStage(std::optional<torch::Device> device, bool pin_memory, BatchTransforms transforms);
+  // Waits for the copies in flight, then lets go of their host batches.
+  ~DeviceStage();
+  DeviceStage(const DeviceStage&) = delete;
+  DeviceStage& operator=(const DeviceStage&) = delete;
+
+  // Whether the loader should page-lock the shared-memory segments it maps (pin_memory, or a CUDA
+  // device: the copy then needs no staging). True only where CUDA is present.
+  bool page_locks_segments() const noexcept { return cuda_; }
+  // Page-locks a segment's mapping once. If the driver refuses, warns once and returns an empty
+  // registration: that segment's batches then take a pinned copy, nothing is lost.
+  HostRegistration page_lock(void* data, std::size_t size) const noexcept;
+
+  // Starts `host` on its way. On a CUDA device its copy (straight from `host` when it lies in
+  // page-locked memory, `page_locked`, else from a pinned copy) and the device transforms are
+  // issued on the stage's stream now, and `host` is kept until they have completed, so its
+  // shared memory cannot be recycled under the copy. With pin_memory alone, a batch outside
+  // page-locked memory is copied into pinned memory. Throws if a copy or transform fails.
+  StagedBatch start(Batch host, bool page_locked);
+  // Hands a started batch to the training loop, on the calling thread: the thread's current
+  // stream waits for the batch's event, and its device tensors are recorded on that stream, so
+  // LibTorch's caching allocator does not reuse their memory while the loop's work is queued.
+  Batch finish(StagedBatch staged) const;
+  // Lets go of host batches whose copies have completed (their segments return to the workers).
+  void release_completed();
+  // Host batches whose copies are still in flight (tests).
+  std::size_t in_flight() const;
+
+ private:
+  struct InFlight {
+    std::shared_ptr<c10::Event> done;
+    Batch host;
+  };
+  std::optional<torch::Device> device_;  // a CUDA device with its index, or unset (host only)
+  bool pin_ = false;                     // host batches in page-locked memory
+  bool cuda_ = false;                    // pin_ or a CUDA device_
+  int device_index_ = 0;                 // the CUDA device segments are page-locked for
+  BatchTransforms transforms_;
+  std::optional<c10::impl::VirtualGuardImpl> guard_;  // CUDA's, where cuda_
+  std::optional<c10::Stream> stream_;                 // the copy stream
+  mutable std::mutex mutex_;
+  std::deque<InFlight> in_flight_;  // in stream order, so completion is in order too
+};
+
+namespace fault {
+// Tests: `work` runs on the copy stream (it is current) before each batch's copy, so a test can
+// hold copies in flight for as long as it likes (a chain of GPU matmuls). Empty: none.
+void set_before_copy(std::function<void()> work);
+}  // namespace fault
+
+}  // namespace ferry::device

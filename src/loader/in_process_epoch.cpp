@@ -1,0 +1,58 @@
+#include "loader/in_process_epoch.h"
+
+#include "ferry/error.h"
+
+namespace ferry::detail {
+
+namespace {
+
+void check_open(const LoaderState& state) {
+  if (state.closed) {
+    throw LoaderClosed(
+        "DataLoader: the loader was destroyed while this iterator was in use; keep "
+        "the loader alive for as long as you iterate it");
+  }
+}
+
+}  // namespace
+
+InProcessMapEpoch::InProcessMapEpoch(std::shared_ptr<const LoaderState> state, std::uint64_t epoch)
+    : state_(std::move(state)),
+      epoch_(epoch),
+      plan_(*state_->batch_sampler, epoch),
+      size_(state_->dataset->size()) {
+  fetch_options_.threads = state_->options.worker_threads;
+  fetch_options_.skip_errors = state_->options.on_error == OnError::kSkip;
+}
+
+std::optional<Batch> InProcessMapEpoch::next() {
+  for (;;) {
+    check_open(*state_);
+    if (position_ >= plan_.size()) return std::nullopt;
+    const std::size_t sequence = position_++;  // past this batch even if it fails
+    const workers::WorkerIdentity who{0, 1, *state_->options.seed};
+    workers::FetchedBatch fetched = workers::fetch_batch(
+        *state_->dataset, size_, plan_.batch(sequence), epoch_, who, fetch_options_, nullptr);
+    state_->record_skipped(epoch_, fetched.skipped);
+    if (fetched.samples.empty()) continue;  // every sample was skipped
+    return deliver(workers::collate_samples(std::move(fetched.samples), state_->collate_fn,
+                                            *state_->buffers, epoch_, sequence),
+                   *state_);
+  }
+}
+
+InProcessStreamEpoch::InProcessStreamEpoch(std::shared_ptr<const LoaderState> state,
+                                           std::uint64_t epoch)
+    : state_(std::move(state)),
+      reader_(*state_->iterable, epoch, workers::WorkerIdentity{0, 1, *state_->options.seed}) {}
+
+std::optional<Batch> InProcessStreamEpoch::next() {
+  check_open(*state_);
+  auto samples = reader_.next_batch(state_->options.batch_size, state_->options.drop_last);
+  if (samples.empty()) return std::nullopt;
+  return deliver(workers::collate_samples(std::move(samples), state_->collate_fn, *state_->buffers,
+                                          reader_.epoch(), sequence_++),
+                 *state_);
+}
+
+}  // namespace ferry::detail

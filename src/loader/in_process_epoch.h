@@ -1,0 +1,40 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+#include "loader/epoch_iterator.h"
+#include "loader/loader_state.h"
+#include "workers/fetch.h"
+
+namespace ferry::detail {
+
+// num_workers = 0 over a map-style dataset: load each batch in the calling thread.
+class InProcessMapEpoch final : public EpochIterator {
+ public:
+  InProcessMapEpoch(std::shared_ptr<const LoaderState> state, std::uint64_t epoch);
+  std::optional<Batch> next() override;
+
+ private:
+  std::shared_ptr<const LoaderState> state_;
+  std::uint64_t epoch_;
+  EpochPlan plan_;
+  std::size_t size_;
+  workers::FetchOptions fetch_options_;
+  std::size_t position_ = 0;
+};
+
+// num_workers = 0 over an iterable dataset: one stream, read in the calling thread.
+class InProcessStreamEpoch final : public EpochIterator {
+ public:
+  InProcessStreamEpoch(std::shared_ptr<const LoaderState> state, std::uint64_t epoch);
+  std::optional<Batch> next() override;
+
+ private:
+  std::shared_ptr<const LoaderState> state_;
+  workers::StreamReader reader_;
+  std::size_t sequence_ = 0;
+};
+
+}  // namespace ferry::detail
