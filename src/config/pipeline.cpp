@@ -263,7 +263,12 @@ std::pair<BatchTransforms, Config> build_device_transforms(const Config& list) {
   std::size_t i = 0;
   for (const Config& item : list.items()) {
     const std::string path = detail::str("device_transforms[", i++, "]");
-    const Config node = normalise_component(item);
+    Config node = normalise_component(item);
+    if (node.is_scalar()) {  // a name alone takes the defaults
+      Config name = node;
+      node = Config::map({{"type", std::move(name)}});
+      node.set_mark(item.mark());
+    }
     const Config* type = node.is_map() ? node.find("type") : nullptr;
     if (type == nullptr || !type->is_scalar()) {
       throw ConfigError(detail::str(at(item), path, ": expected {NAME: {key: value}} or NAME, ",
@@ -277,7 +282,7 @@ std::pair<BatchTransforms, Config> build_device_transforms(const Config& list) {
     }
     if (info == nullptr) {
       const auto near = nearest(type->scalar(), names);
-      throw ConfigError(detail::str(at(*type), path, ": unknown device transform '", type->scalar(),
+      throw ConfigError(detail::str(at(item), path, ": unknown device transform '", type->scalar(),
                                     "'", near ? "; did you mean '" + *near + "'?" : "",
                                     " (device transforms: ", detail::join(names), ")"));
     }
@@ -298,9 +303,7 @@ std::pair<BatchTransforms, Config> build_device_transforms(const Config& list) {
         steps.push_back(std::make_shared<device_transforms::ToDtype>(
             dtype, a.get<bool>("scale"), a.get<std::vector<std::string>>("fields")));
       }
-    } catch (const ConfigError&) {
-      throw;
-    } catch (const Error& e) {
+    } catch (const Error& e) {  // the steps' own checks (a std of 0, mean and std lengths)
       throw ConfigError(detail::str(at(item), path, ": ", e.what()));
     }
     Config entry = Config::map({{"type", info->name}});

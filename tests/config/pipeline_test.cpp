@@ -290,5 +290,53 @@ TEST_F(Pipelines, LoadPipelineGivesTheBatchesOfTheSamePipelineBuiltInCpp) {
   }
 }
 
+// device_transforms: uint8 images through shared memory, converted and normalised after the
+// copy (on the CPU here: no device). Equal to the CPU pipeline's to_tensor + normalize within
+// float rounding, over 2 workers.
+TEST_F(Pipelines, DeviceTransformsMatchTheCpuPipelineWithinFloatRounding) {
+  const std::string common = std::string(kDataset) +
+                             "loader: {batch_size: 4, num_workers: 2, seed: 3}\n"
+                             "transforms:\n  - resize: {size: [24, 32]}\n";
+  const std::string mean_std = "{mean: [0.485, 0.456, 0.406], std: [0.229, 0.224, 0.225]}";
+  auto cpu =
+      load_pipeline(file("cpu.yaml", common + "  - to_tensor\n  - normalize: " + mean_std + "\n"));
+  const Pipeline gpu_style =
+      read_pipeline(file("dev.yaml", common +
+                                         "  - pil_to_tensor\ndevice_transforms:\n  - to_dtype\n"
+                                         "  - normalize: " +
+                                         mean_std + "\n"));
+  ASSERT_NE(gpu_style.config.find("device_transforms"), nullptr);
+  EXPECT_EQ(gpu_style.config.find("device_transforms")->items().size(), 2u);
+  auto dev = gpu_style.make_loader();
+  std::vector<torch::Tensor> expected;
+  for (auto& b : cpu) expected.push_back(b["image"].clone());
+  std::size_t k = 0;
+  for (auto& b : dev) {
+    ASSERT_EQ(b["image"].scalar_type(), torch::kFloat);
+    EXPECT_TRUE(torch::allclose(b["image"], expected.at(k), 0, 1e-5))
+        << (b["image"] - expected.at(k)).abs().max().item<float>();
+    ++k;
+  }
+  EXPECT_EQ(k, expected.size());
+  EXPECT_EQ(k, 4u);
+}
+
+TEST_F(Pipelines, DeviceTransformErrorsNameTheirPlace) {
+  EXPECT_THAT(error_of(std::string(kDataset) + "device_transforms:\n  - normalise: {}\n"),
+              AllOf(HasSubstr("p.yaml:3:5: device_transforms[0]: unknown device transform "
+                              "'normalise'"),
+                    HasSubstr("did you mean 'normalize'?")));
+  EXPECT_THAT(error_of(std::string(kDataset) + "device_transforms:\n  - to_dtype: {dtype: int8}\n"),
+              AllOf(HasSubstr("device_transforms[0].dtype"), HasSubstr("float32")));
+  EXPECT_THAT(
+      error_of(std::string(kDataset) + "device_transforms:\n  - normalize: {mean: [0.5]}\n"),
+      HasSubstr("device_transforms[0].std"));
+  EXPECT_THAT(error_of(std::string(kDataset) +
+                       "device_transforms:\n  - normalize: {mean: [0.5], std: [0]}\n"),
+              AllOf(HasSubstr("p.yaml:3:5: device_transforms[0]: normalize: std has a 0")));
+  EXPECT_THAT(error_of(std::string(kDataset) + "device_transforms: {to_dtype: {}}\n"),
+              HasSubstr("device_transforms: expected a list of steps"));
+}
+
 }  // namespace
 }  // namespace ferry
