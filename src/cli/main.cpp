@@ -81,6 +81,10 @@ int describe(const std::string& name) {
         std::printf("  %-24s %s\n", info->name.c_str(), info->summary.c_str());
       }
     }
+    std::printf("\ndevice transforms:\n");
+    for (const ferry::TypeInfo& info : ferry::device_transform_types()) {
+      std::printf("  %-24s %s\n", info.name.c_str(), info.summary.c_str());
+    }
     std::printf("\nferry describe TYPE shows a type's keys and defaults.\n");
     return 0;
   }
@@ -97,6 +101,14 @@ int describe(const std::string& name) {
       found = true;
     }
     for (const ferry::TypeInfo* info : registry.types(kind)) all.push_back(info->name);
+  }
+  for (const ferry::TypeInfo& info : ferry::device_transform_types()) {
+    if (info.name == name) {
+      if (found) std::printf("\n");
+      print_type("device transform", info);
+      found = true;
+    }
+    all.push_back(info.name);
   }
   if (found) return 0;
   const auto suggestion = ferry::nearest(name, all);

@@ -197,6 +197,12 @@ TEST_F(Cli, DescribeListsTypesAndShowsOnesKeys) {
   EXPECT_EQ(r.code, 0);
   EXPECT_THAT(r.out, AllOf(HasSubstr("size"), HasSubstr("required"), HasSubstr("scale"),
                            HasSubstr("default: [0.08, 1]")));
+  r = run_ferry("describe to_dtype");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_THAT(r.out, AllOf(HasSubstr("device transform to_dtype"), HasSubstr("float32 | float16"),
+                           HasSubstr("scale")));
+  r = run_ferry("describe");
+  EXPECT_THAT(r.out, AllOf(HasSubstr("device transforms:"), HasSubstr("normalize")));
   r = run_ferry("describe loader");
   EXPECT_THAT(r.out, AllOf(HasSubstr("num_workers"), HasSubstr("int >= 0; default: 0"),
                            HasSubstr("on_error"), HasSubstr("raise | skip")));
