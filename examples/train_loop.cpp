@@ -4,7 +4,9 @@
 // SampleContext, so the data is the same whatever the number of workers or start method.
 //
 //   example_train_loop [--epochs N] [--samples N] [--batch-size N] [--workers N]
-//                      [--start-method fork|forkserver|spawn]
+//                      [--start-method fork|forkserver|spawn] [--device cpu|cuda|cuda:N]
+// With --device cuda the model goes to the GPU first and the loader is built after it (a fork
+// loader after CUDA started is fine: workers never use CUDA); batches arrive on the GPU.
 
 #include <ferry/ferry.h>
 
@@ -12,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 
 namespace {
@@ -60,6 +63,15 @@ ferry::StartMethod start_method(int argc, char** argv) {
   return ferry::StartMethod::kFork;
 }
 
+std::optional<torch::Device> device(int argc, char** argv) {
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::strcmp(argv[i], "--device") == 0) return torch::Device(argv[i + 1]);
+  }
+  return std::nullopt;
+}
+
+int train(int argc, char** argv);
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -72,13 +84,38 @@ int main(int argc, char** argv) {
         return std::make_shared<BlobDataset>(args.get<std::size_t>("size"));
       });
   ferry::init(argc, argv);
+  try {
+    return train(argc, argv);
+  } catch (const c10::Error& e) {  // LibTorch's own, e.g. a CUDA device on a CPU-only LibTorch
+    std::fprintf(stderr, "example_train_loop: %s\n", e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "example_train_loop: %s\n", e.what());
+  }
+  return 1;
+}
 
+namespace {
+
+int train(int argc, char** argv) {
   const std::size_t epochs = arg(argc, argv, "--epochs", 5);
   const std::size_t samples = arg(argc, argv, "--samples", 20000);
   const std::size_t batch_size = arg(argc, argv, "--batch-size", 64);
   const std::size_t workers = arg(argc, argv, "--workers", 2);
-
   const ferry::StartMethod method = start_method(argc, argv);
+  const std::optional<torch::Device> on = device(argc, argv);
+  if (on && on->is_cuda() && !at::hasCUDA()) {
+    std::fprintf(stderr,
+                 "example_train_loop: --device %s needs a CUDA LibTorch and a GPU; this LibTorch "
+                 "has no CUDA or sees no GPU (Debian's libtorch-dev is CPU-only)\n",
+                 on->str().c_str());
+    return 2;
+  }
+  const auto model_options = torch::TensorOptions().device(on.value_or(torch::kCPU));
+
+  // The model first (on the GPU with --device cuda), then the loader, as most training programs do.
+  torch::Tensor weight = torch::zeros({kFeatures, kClasses}, model_options).requires_grad_();
+  torch::Tensor bias = torch::zeros({kClasses}, model_options).requires_grad_();
+  const double lr = 0.1;
 
   auto dataset = ferry::Registry::global().make_dataset(
       ferry::Config::map({{"type", "blobs"}, {"size", samples}}));
@@ -86,17 +123,14 @@ int main(int argc, char** argv) {
                                      .shuffle = true,
                                      .num_workers = workers,
                                      .seed = 0,
-                                     .start_method = method});
-
-  torch::Tensor weight = torch::zeros({kFeatures, kClasses}).requires_grad_();
-  torch::Tensor bias = torch::zeros({kClasses}).requires_grad_();
-  const double lr = 0.1;
+                                     .start_method = method,
+                                     .device = on});
 
   std::printf(
       "ferry %s: training a %lld-class softmax classifier on %zu synthetic samples, "
-      "batch_size=%zu, num_workers=%zu, start_method=%s, %zu batches per epoch\n",
+      "batch_size=%zu, num_workers=%zu, start_method=%s, device=%s, %zu batches per epoch\n",
       FERRY_VERSION, static_cast<long long>(kClasses), samples, batch_size, workers,
-      std::string(ferry::to_string(method)).c_str(), loader.size());
+      std::string(ferry::to_string(method)).c_str(), on ? on->str().c_str() : "cpu", loader.size());
   for (std::size_t epoch = 0; epoch < epochs; ++epoch) {
     const auto start = std::chrono::steady_clock::now();
     double loss_sum = 0;
@@ -132,3 +166,5 @@ int main(int argc, char** argv) {
   }
   return 0;
 }
+
+}  // namespace
