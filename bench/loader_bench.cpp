@@ -1,11 +1,13 @@
 // Loader throughput: ferry's DataLoader against PyTorch's own DataLoader (bench/pytorch_peer.py,
-// run with /usr/bin/python3) and LibTorch's thread-based torch::data loader, on the same three
-// workloads (bench/README.md). It reports; it never fails on a timing.
+// run with /usr/bin/python3) and LibTorch's thread-based torch::data loader, on the same
+// workloads (bench/README.md); with --device cuda, batches delivered to a GPU and a synthetic
+// GPU step. It reports; it never fails on a timing.
 //
-//   build/bench/ferry_loader_bench                                  # all workloads, 1 and 2
-//   workers build/bench/ferry_loader_bench --workloads tiny --workers 1,2,4 --seconds 3 --repeat 3
-//   build/bench/ferry_loader_bench --repeat 3 --markdown           # the table for the README
-//   build/bench/ferry_loader_bench --startup --repeat 9            # first batch per start method
+//   build/bench/ferry_loader_bench              # all workloads, 1 and 2 workers
+//   build/bench/ferry_loader_bench --workloads tiny --workers 1,2,4 --seconds 3 --repeat 3
+//   build/bench/ferry_loader_bench --repeat 3 --markdown   # the table for the README
+//   build/bench/ferry_loader_bench --startup --repeat 9    # first batch per start method
+//   build/bench/ferry_loader_bench --device cuda --workloads tensor --workers 1,4,8,16
 
 #include <stdio.h>  // popen, pclose, getline
 #include <sys/wait.h>
@@ -20,6 +22,7 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -31,11 +34,15 @@
 #include <utility>
 #include <vector>
 
+#include <torch/cuda.h>
+#include <torch/data.h>
+#include <torch/version.h>
+
+#if defined(FERRY_HAS_VISION)  // the jpeg workload and LibTorch's OpenCV peer
 #include <opencv2/core.hpp>
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
-#include <torch/data.h>
-#include <torch/version.h>
+#endif
 
 #include "ferry/ferry.h"
 
@@ -99,6 +106,13 @@ std::size_t warmup_batches(std::size_t num_workers) {
   return std::max<std::size_t>(3, 2 * num_workers);
 }
 
+// Device mode: ferry page-locks each recycled shared-memory segment once (about 50 ms for a
+// 38.5 MB one) in its first batches, and PyTorch's and LibTorch's CUDA state warms up; a longer
+// warm-up keeps those one-off costs out of the timed part. pytorch_peer.py uses the same.
+std::size_t device_warmup_batches(std::size_t num_workers) {
+  return std::max(warmup_batches(num_workers), 4 * num_workers + 8);
+}
+
 // ferry: sample i is {"value": i} (tiny), or {"image": a clone of one stored float32 3x224x224
 // tensor (tensor) or that tensor itself (tensor-view), "label": i}.
 class FerryTiny : public ferry::Dataset {
@@ -142,6 +156,11 @@ struct JpegData {
 };
 
 JpegData g_jpeg;  // set in main when the jpeg workload runs
+
+// The jpeg workload needs ferry::vision (built when OpenCV is found) for its images and ferry's
+// pipeline, and OpenCV for the decode-only rate and LibTorch's peer pipeline.
+#if defined(FERRY_HAS_VISION)
+constexpr bool kHaveJpeg = true;
 
 const std::vector<double> kImagenetMean{0.485, 0.456, 0.406};
 const std::vector<double> kImagenetStd{0.229, 0.224, 0.225};
@@ -233,6 +252,9 @@ class LibTorchJpeg : public torch::data::datasets::Dataset<LibTorchJpeg> {
   }
   torch::optional<std::size_t> size() const override { return 1'000'000'000; }
 };
+#else
+constexpr bool kHaveJpeg = false;
+#endif  // FERRY_HAS_VISION
 
 // The two datasets as registered types, so spawn and forkserver workers can rebuild them.
 void register_bench_types() {
@@ -316,11 +338,21 @@ struct Run {
   double batches_per_s() const { return seconds > 0 ? static_cast<double>(batches) / seconds : 0; }
 };
 
+// Waits for everything queued on `device` (a CUDA device) to finish.
+void synchronize(const torch::Device& device) {
+  torch::cuda::synchronize(device.has_index() ? device.index() : -1);
+}
+
 // Builds a loader with `open()` (which returns a `bool()` callable that loads the next batch, or
 // returns false at the end of the epoch), then times the first batch from construction, a
-// warm-up, and `budget`. The loader is destroyed after the clock stops.
+// warm-up, and `budget`. With `sync` (device mode), the clock starts and stops on a
+// synchronised device, so copies and steps still in flight count. The loader is destroyed after
+// the clock stops.
 template <class Open>
-Run measure(Open&& open, std::size_t warmup, const Budget& budget) {
+Run measure(Open&& open,
+            std::size_t warmup,
+            const Budget& budget,
+            const std::optional<torch::Device>& sync = std::nullopt) {
   Run run;
   const auto constructed = Clock::now();
   auto next = open();
@@ -329,6 +361,7 @@ Run measure(Open&& open, std::size_t warmup, const Budget& budget) {
   for (std::size_t i = 0; i < warmup; ++i) {
     if (!next()) throw std::runtime_error("the epoch ended during the warm-up");
   }
+  if (sync) synchronize(*sync);  // the warm-up's copies and steps are done
   const auto start = Clock::now();
   const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
                                     std::chrono::duration<double>(budget.seconds));
@@ -341,20 +374,37 @@ Run measure(Open&& open, std::size_t warmup, const Budget& budget) {
     ++run.batches;
     if (!budget.batches && Clock::now() >= deadline) break;
   }
+  if (sync) synchronize(*sync);
   run.seconds = seconds_since(start);
   return run;
 }
+
+// How one ferry measurement runs, beyond the workload, the worker count and the budget.
+struct FerrySetup {
+  ferry::StartMethod start_method = ferry::StartMethod::kFork;
+  std::optional<torch::Device> device{};  // DataLoaderOptions::device
+  bool pin_memory = false;
+  std::function<void(const ferry::Batch&)> step{};  // runs on each batch, as a training step
+  std::size_t warmup = 0;                           // 0: warmup_batches(num_workers)
+  std::optional<torch::Device> sync{};              // see measure()
+  // An upper bound on the rate (device mode: the raw copy's), which sizes the dataset for a
+  // --seconds run without a probe run.
+  std::optional<double> max_batches_per_s{};
+};
 
 // Opens a ferry loader over `capacity` batches of workload `w`.
 auto ferry_opener(Workload w,
                   std::size_t num_workers,
                   std::size_t capacity,
-                  ferry::StartMethod method = ferry::StartMethod::kFork) {
+                  const FerrySetup& setup = {}) {
   // Built through the registry, as spawn needs, and before the clock starts (as the peer does).
   std::shared_ptr<const ferry::Dataset> dataset = make_ferry_dataset(w, capacity * batch_size(w));
   return [=] {
-    const ferry::DataLoaderOptions options{
-        .batch_size = batch_size(w), .num_workers = num_workers, .start_method = method};
+    const ferry::DataLoaderOptions options{.batch_size = batch_size(w),
+                                           .num_workers = num_workers,
+                                           .pin_memory = setup.pin_memory,
+                                           .start_method = setup.start_method,
+                                           .device = setup.device};
     // jpeg: a few hundred files, drawn with replacement for as many samples as the run needs.
     auto loader = w == Workload::kJpeg
                       ? std::make_shared<ferry::DataLoader>(
@@ -366,11 +416,12 @@ auto ferry_opener(Workload w,
                       : std::make_shared<ferry::DataLoader>(dataset, options);
     ferry::DataLoader::Iterator it = loader->begin();
     bool started = false;
-    return [loader, it, started]() mutable {
+    return [loader, it, started, step = setup.step]() mutable {
       if (started) ++it;
       started = true;
       if (it == ferry::DataLoader::Sentinel{}) return false;
-      (void)*it;  // rethrows an error from loading the batch
+      const ferry::Batch& batch = *it;  // rethrows an error from loading the batch
+      if (step) step(batch);
       return true;
     };
   };
@@ -378,19 +429,31 @@ auto ferry_opener(Workload w,
 
 // ferry's samplers hand out a whole epoch of indices at once, so the dataset must be sized to
 // the run: exactly, given a number of batches; given seconds, from the rate a short probe run
-// measured (whose small dataset also gives a first-batch time untouched by sampler setup).
-Run run_ferry(Workload w, std::size_t num_workers, const Budget& budget) {
-  const std::size_t warmup = warmup_batches(num_workers);
+// measured (whose small dataset also gives a first-batch time untouched by sampler setup), or
+// from an upper bound on the rate.
+Run run_ferry(Workload w,
+              std::size_t num_workers,
+              const Budget& budget,
+              const FerrySetup& setup = {}) {
+  const std::size_t warmup = setup.warmup > 0 ? setup.warmup : warmup_batches(num_workers);
   if (budget.batches) {
-    return measure(ferry_opener(w, num_workers, 1 + warmup + *budget.batches), warmup, budget);
+    return measure(ferry_opener(w, num_workers, 1 + warmup + *budget.batches, setup), warmup,
+                   budget, setup.sync);
+  }
+  constexpr double kMaxBatches = 4e6;  // bounds the index lists ferry's sampler builds
+  auto capacity_for = [&](double batches_per_s, double room) {
+    const double expected = std::min(kMaxBatches, batches_per_s * budget.seconds * room);
+    return 1 + warmup + static_cast<std::size_t>(std::ceil(expected)) + 16;
+  };
+  if (setup.max_batches_per_s) {
+    return measure(ferry_opener(w, num_workers, capacity_for(*setup.max_batches_per_s, 1.5), setup),
+                   warmup, budget, setup.sync);
   }
   const std::size_t probe_batches = w == Workload::kTiny ? 2000 : w == Workload::kJpeg ? 6 : 16;
-  const Run probe = measure(ferry_opener(w, num_workers, 1 + warmup + probe_batches), warmup,
-                            Budget{.batches = probe_batches});
-  constexpr double kMaxBatches = 4e6;  // bounds the index lists ferry's sampler builds
-  const double expected = std::min(kMaxBatches, probe.batches_per_s() * budget.seconds * 2);
-  const std::size_t capacity = 1 + warmup + static_cast<std::size_t>(std::ceil(expected)) + 16;
-  Run run = measure(ferry_opener(w, num_workers, capacity), warmup, budget);
+  const Run probe = measure(ferry_opener(w, num_workers, 1 + warmup + probe_batches, setup), warmup,
+                            Budget{.batches = probe_batches}, setup.sync);
+  Run run = measure(ferry_opener(w, num_workers, capacity_for(probe.batches_per_s(), 2), setup),
+                    warmup, budget, setup.sync);
   run.first_batch_s = probe.first_batch_s;
   return run;
 }
@@ -416,11 +479,13 @@ auto libtorch_opener(std::size_t num_workers, Dataset dataset, std::size_t batch
 
 Run run_libtorch(Workload w, std::size_t num_workers, const Budget& budget) {
   const std::size_t warmup = warmup_batches(num_workers);
+#if defined(FERRY_HAS_VISION)
   if (w == Workload::kJpeg) {
     return measure(libtorch_opener<LibTorchJpeg, torch::data::Example<>>(
                        num_workers, LibTorchJpeg(), batch_size(w)),
                    warmup, budget);
   }
+#endif
   if (w == Workload::kTiny) {
     return measure(libtorch_opener<LibTorchTiny, torch::data::TensorExample>(
                        num_workers, LibTorchTiny(), batch_size(w)),
@@ -429,6 +494,124 @@ Run run_libtorch(Workload w, std::size_t num_workers, const Budget& budget) {
   return measure(libtorch_opener<LibTorchImages, torch::data::Example<>>(
                      num_workers, LibTorchImages(w == Workload::kTensor), batch_size(w)),
                  warmup, budget);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Device mode (--device cuda): only <torch/torch.h>-level API, so that the benchmark also builds
+// against a LibTorch without CUDA, where device mode exits at start-up.
+
+// The host-to-device copy alone: one batch's bytes in a pinned host tensor, copied to the device
+// with non_blocking=true in a loop and synchronised at the end. The ceiling for any loader.
+Run run_raw_copy(Workload w, const torch::Device& device, const Budget& budget) {
+  const auto bytes = static_cast<std::int64_t>(payload_bytes(w));
+  const torch::Tensor host =
+      torch::ones({bytes}, torch::TensorOptions().dtype(torch::kUInt8).pinned_memory(true));
+  torch::Tensor target = torch::empty({bytes}, torch::TensorOptions(torch::kUInt8).device(device));
+  for (int i = 0; i < 8; ++i) target.copy_(host, /*non_blocking=*/true);  // warm-up
+  synchronize(device);
+  Run run;
+  const auto start = Clock::now();
+  const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
+                                    std::chrono::duration<double>(budget.seconds));
+  while (budget.batches ? run.batches < *budget.batches : Clock::now() < deadline) {
+    target.copy_(host, /*non_blocking=*/true);
+    ++run.batches;
+  }
+  synchronize(device);
+  run.seconds = seconds_since(start);
+  return run;
+}
+
+// A synthetic training step: a chain of k float32 matmuls of n x n on the device, calibrated
+// once to about --gpu-step-ms. It starts from the sum of every tensor of the batch, so the GPU
+// cannot begin it before the batch's copy has landed. pytorch_peer.py builds the same step.
+class GpuStep {
+ public:
+  // Halves n from 4096 until one matmul takes at most an eighth of `target_ms`, takes k to fill
+  // `target_ms`, then corrects k once from the whole step measured on `sample` (on the device).
+  static GpuStep calibrate(const torch::Device& device,
+                           double target_ms,
+                           const ferry::Batch& sample) {
+    GpuStep step;
+    const auto options = torch::TensorOptions(torch::kFloat32).device(device);
+    double one_ms = 0;
+    for (step.n_ = 4096;; step.n_ /= 2) {
+      step.a_ = torch::randn({step.n_, step.n_}, options);
+      step.b_ = torch::randn({step.n_, step.n_}, options) / std::sqrt(static_cast<double>(step.n_));
+      one_ms = median_ms(device, [&] { (void)torch::matmul(step.a_, step.b_); });
+      if (one_ms <= target_ms / 8 || step.n_ <= 256) break;
+    }
+    step.zero_ = torch::zeros({}, options);
+    step.k_ = std::max<std::int64_t>(1, std::llround(target_ms / one_ms));
+    step.ms_ = median_ms(device, [&] { step(sample); });
+    step.k_ = std::max<std::int64_t>(
+        1, std::llround(static_cast<double>(step.k_) * target_ms / step.ms_));
+    step.ms_ = median_ms(device, [&] { step(sample); });
+    return step;
+  }
+
+  // Queues the step on the device; returns without waiting for it.
+  void operator()(const ferry::Batch& batch) const {
+    torch::Tensor sum = zero_;
+    for (const std::string& field : batch) {
+      if (batch.is_tensor(field)) sum = sum + batch[field].sum();
+    }
+    torch::Tensor x = a_ + sum * 1e-9;
+    for (std::int64_t i = 0; i < k_; ++i) x = torch::matmul(x, b_);
+  }
+
+  std::int64_t n() const { return n_; }
+  std::int64_t k() const { return k_; }
+  double ms() const { return ms_; }  // measured at calibration, synchronised, median of 5
+
+ private:
+  // Median over 5 synchronised runs of `f`, after 2 unmeasured ones.
+  template <class F>
+  static double median_ms(const torch::Device& device, F&& f) {
+    std::vector<double> ms;
+    for (int i = 0; i < 7; ++i) {
+      const auto start = Clock::now();
+      f();
+      synchronize(device);
+      if (i >= 2) ms.push_back(seconds_since(start) * 1e3);
+    }
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2];
+  }
+
+  std::int64_t n_ = 0;
+  std::int64_t k_ = 1;
+  double ms_ = 0;
+  torch::Tensor a_, b_, zero_;
+};
+
+// One batch of workload `w` (tensor or tensor-view) already on `device`.
+ferry::Batch device_batch(Workload w, const torch::Device& device) {
+  const auto n = static_cast<std::int64_t>(batch_size(w));
+  ferry::Batch batch(batch_size(w));
+  batch.set("image", torch::rand({n, kChannels, kHeight, kWidth},
+                                 torch::TensorOptions(torch::kFloat32).device(device)));
+  batch.set("label", torch::arange(n, torch::TensorOptions(torch::kLong).device(device)));
+  return batch;
+}
+
+// The step alone, on a batch already on the device: a loop of steps, synchronised at the end.
+// Runs --batches steps, or as many as --seconds holds at the calibrated time.
+Run run_step_alone(Workload w,
+                   const GpuStep& step,
+                   const torch::Device& device,
+                   const Budget& budget) {
+  const ferry::Batch batch = device_batch(w, device);
+  const std::size_t steps =
+      budget.batches
+          ? *budget.batches
+          : std::max<std::size_t>(10, static_cast<std::size_t>(budget.seconds * 1e3 / step.ms()));
+  for (int i = 0; i < 3; ++i) step(batch);
+  synchronize(device);
+  const auto start = Clock::now();
+  for (std::size_t i = 0; i < steps; ++i) step(batch);
+  synchronize(device);
+  return Run{.batches = steps, .seconds = seconds_since(start)};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -514,7 +697,11 @@ std::string json_string(const std::string& line, const std::string& key) {
 
 struct PeerResults {
   std::map<std::pair<std::string, std::size_t>, std::vector<Run>> runs;  // (workload, workers)
+  // --gpu-step-ms: the step alone, as steps in seconds, per (workload, workers).
+  std::map<std::pair<std::string, std::size_t>, std::vector<Run>> step_alone;
   std::string torch_version;
+  std::string device_name;  // --device: torch.cuda.get_device_name()
+  std::string step;         // --gpu-step-ms: the peer's calibrated step, in words
   std::string error;
 };
 
@@ -524,7 +711,8 @@ PeerResults run_pytorch_peer(const std::string& python,
                              const std::vector<std::size_t>& workers,
                              const Budget& budget,
                              int repeat,
-                             const std::string& start_method = "fork") {
+                             const std::string& start_method = "fork",
+                             const std::string& extra_args = "") {
   PeerResults out;
   std::string command = shell_quote(python) + " " + shell_quote(peer) + " --start-method " +
                         start_method + " --workload ";
@@ -539,6 +727,7 @@ PeerResults run_pytorch_peer(const std::string& python,
   command += " --repeat " + std::to_string(repeat);
   command += budget.batches ? " --batches " + std::to_string(*budget.batches)
                             : " --seconds " + std::to_string(budget.seconds);
+  command += extra_args;
   std::fprintf(stderr, "running: %s\n", command.c_str());
   std::fflush(nullptr);
 
@@ -562,9 +751,28 @@ PeerResults run_pytorch_peer(const std::string& python,
     run.batches = static_cast<std::size_t>(*batches);
     run.seconds = *seconds;
     run.first_batch_s = *first;
-    out.runs[{json_string(line, "workload"), static_cast<std::size_t>(*workers_seen)}].push_back(
-        run);
+    const std::pair<std::string, std::size_t> key{json_string(line, "workload"),
+                                                  static_cast<std::size_t>(*workers_seen)};
+    out.runs[key].push_back(run);
     out.torch_version = json_string(line, "torch");
+    if (std::string device = json_string(line, "device_name"); !device.empty()) {
+      out.device_name = std::move(device);
+    }
+    const auto steps = json_number(line, "step_alone_steps");
+    const auto step_seconds = json_number(line, "step_alone_seconds");
+    if (steps && step_seconds) {
+      out.step_alone[key].push_back(
+          Run{.batches = static_cast<std::size_t>(*steps), .seconds = *step_seconds});
+    }
+    const auto step_n = json_number(line, "step_n");
+    const auto step_k = json_number(line, "step_k");
+    const auto step_ms = json_number(line, "step_ms");
+    if (step_n && step_k && step_ms) {
+      char text[128];
+      std::snprintf(text, sizeof text, "%.0f x matmul %.0fx%.0f, %.2f ms", *step_k, *step_n,
+                    *step_n, *step_ms);
+      out.step = text;
+    }
   }
   std::free(buffer);
   const int status = ::pclose(pipe);
@@ -636,9 +844,16 @@ void print_table(const std::vector<std::string>& header,
 // ---------------------------------------------------------------------------------------------
 // Command line
 
+// All workloads this build has: jpeg only with ferry::vision (OpenCV).
+std::vector<Workload> all_workloads() {
+  std::vector<Workload> out{Workload::kTiny, Workload::kTensor, Workload::kTensorView};
+  if (kHaveJpeg) out.push_back(Workload::kJpeg);
+  return out;
+}
+
 struct Args {
-  std::vector<Workload> workloads{Workload::kTiny, Workload::kTensor, Workload::kTensorView,
-                                  Workload::kJpeg};
+  std::vector<Workload> workloads = all_workloads();
+  bool workloads_given = false;
   std::vector<std::size_t> workers{1, 2};
   Budget budget;
   int repeat = 1;
@@ -649,6 +864,9 @@ struct Args {
   std::string python = "/usr/bin/python3";
   std::string jpeg_dir = (std::filesystem::temp_directory_path() / "ferry_bench_jpeg").string();
   std::size_t jpeg_images = 512;
+  std::optional<torch::Device> device{};  // device mode
+  double gpu_step_ms = 4;                 // device mode's GPU step; 0: none
+  bool gpu_step_given = false;
 };
 
 std::string default_peer() {
@@ -667,8 +885,9 @@ constexpr const char* kUsage =
     "usage: ferry_loader_bench [--workloads tiny,tensor,tensor-view,jpeg] [--workers 1,2]\n"
     "                          [--seconds S | --batches N] [--repeat R] [--markdown]\n"
     "                          [--no-peers] [--peer PATH] [--python PATH] [--startup]\n"
+    "                          [--device cuda[:N] [--gpu-step-ms X]]\n"
     "Loader throughput of ferry, PyTorch (pytorch_peer.py) and LibTorch's torch::data loader.\n"
-    "  --workloads   comma list (default: all four)\n"
+    "  --workloads   comma list (default: all; jpeg needs a build with OpenCV)\n"
     "  --workers     comma list of num_workers (default: 1,2)\n"
     "  --seconds S   time each run for S seconds (default: 2)\n"
     "  --batches N   time each run for N batches instead\n"
@@ -681,7 +900,14 @@ constexpr const char* kUsage =
     "  --python PATH the Python with torch (default: /usr/bin/python3)\n"
     "  --jpeg-dir D  where the jpeg workload's images are generated (default: $TMPDIR/\n"
     "                ferry_bench_jpeg); --jpeg-images N of them, in 4 classes (default\n"
-    "                512; rounded up to a multiple of 4)\n";
+    "                512; rounded up to a multiple of 4)\n"
+    "  --device D    device mode (cuda or cuda:N): MB/s of tensor and tensor-view batches\n"
+    "                delivered to the GPU by ferry without and with a device, with\n"
+    "                pin_memory, the raw pinned copy, and PyTorch with pin_memory and\n"
+    "                .to(non_blocking=True); then the GPU step table (default workloads:\n"
+    "                tensor,tensor-view; ferry's workers start with forkserver)\n"
+    "  --gpu-step-ms X  device mode: a synthetic GPU step (matmuls on the batch) calibrated\n"
+    "                to X ms, the loop with it against the step alone (default: 4; 0: off)\n";
 
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string> out;
@@ -727,9 +953,16 @@ Args parse_args(int argc, char** argv) {
       std::exit(0);
     } else if (option == "--workloads") {
       args.workloads.clear();
+      args.workloads_given = true;
       for (const std::string& s : split(value())) {
         const auto w = parse_workload(s);
         if (!w) usage_error("--workloads " + s + ": expected tiny, tensor, tensor-view or jpeg");
+        if (*w == Workload::kJpeg && !kHaveJpeg) {
+          usage_error(
+              "--workloads jpeg: this build has no OpenCV, so it has no jpeg workload (ferry's "
+              "vision library was not built); install OpenCV (Debian: libopencv-dev) and "
+              "reconfigure, or choose tiny, tensor or tensor-view");
+        }
         args.workloads.push_back(*w);
       }
       if (args.workloads.empty()) usage_error("--workloads: give at least one");
@@ -763,20 +996,48 @@ Args parse_args(int argc, char** argv) {
       args.jpeg_dir = value();
     } else if (option == "--jpeg-images") {
       args.jpeg_images = parse_count(option, value(), 8);
+    } else if (option == "--device") {
+      const std::string v = value();
+      std::optional<torch::Device> device;
+      try {
+        device = torch::Device(v);
+      } catch (const std::exception&) {
+      }
+      if (!device || !device->is_cuda()) {
+        usage_error("--device " + v + ": expected cuda or cuda:N");
+      }
+      args.device = device;
+    } else if (option == "--gpu-step-ms") {
+      const std::string v = value();
+      char* end = nullptr;
+      args.gpu_step_ms = std::strtod(v.c_str(), &end);
+      if (v.empty() || *end != '\0' || !(args.gpu_step_ms >= 0)) {
+        usage_error("--gpu-step-ms " + v + ": expected a number of milliseconds >= 0");
+      }
+      args.gpu_step_given = true;
     } else {
       usage_error("unknown option " + option);
     }
   }
+  if (args.device && args.startup) usage_error("--device and --startup: choose one");
+  if (args.gpu_step_given && !args.device) usage_error("--gpu-step-ms needs --device");
   if (args.peer.empty()) args.peer = default_peer();
   return args;
 }
 
+// "loader workload workers=N", for the progress lines.
+std::string describe(const std::string& loader, const Config& c) {
+  char text[128];
+  std::snprintf(text, sizeof text, "%-8s %-12s workers=%zu", loader.c_str(),
+                std::string(name(c.workload)).c_str(), c.num_workers);
+  return text;
+}
+
 // Runs `body` `repeat` times into `cell`; an exception ends the cell with its message.
 template <class Body>
-void collect(Cell& cell, int repeat, const char* loader, const Config& c, Body&& body) {
+void collect(Cell& cell, int repeat, const std::string& what, Body&& body) {
   for (int r = 0; r < repeat; ++r) {
-    std::fprintf(stderr, "%-8s %-12s workers=%zu run %d/%d ... ", loader,
-                 std::string(name(c.workload)).c_str(), c.num_workers, r + 1, repeat);
+    std::fprintf(stderr, "%s run %d/%d ... ", what.c_str(), r + 1, repeat);
     std::fflush(stderr);
     try {
       const Run run = body();
@@ -815,11 +1076,12 @@ int run_startup(Args args) {
   for (StartRow& row : rows) {
     for (int m = 0; m < 3; ++m) {
       const std::string label = "ferry-" + std::string(ferry::to_string(methods[m]));
-      collect(row.ferry[m], args.repeat, label.c_str(), row.config, [&] {
+      collect(row.ferry[m], args.repeat, describe(label, row.config), [&] {
         const Config c = row.config;
         const std::size_t warmup = warmup_batches(c.num_workers);
-        return measure(ferry_opener(c.workload, c.num_workers, 2 + warmup, methods[m]), warmup,
-                       one);
+        return measure(ferry_opener(c.workload, c.num_workers, 2 + warmup,
+                                    FerrySetup{.start_method = methods[m]}),
+                       warmup, one);
       });
     }
   }
@@ -867,17 +1129,289 @@ int run_startup(Args args) {
   return 0;
 }
 
+// Median batches/s (or steps/s) of a cell.
+std::optional<double> rate(const Cell& cell) {
+  if (cell.runs.empty()) return std::nullopt;
+  std::vector<double> values;
+  for (const Run& r : cell.runs) values.push_back(r.batches_per_s());
+  return median(values);
+}
+
+// Milliseconds per batch (or step) of a cell.
+std::optional<double> ms_per_batch(const Cell& cell) {
+  const auto r = rate(cell);
+  if (!r || *r <= 0) return std::nullopt;
+  return 1e3 / *r;
+}
+
+// How much longer `loop` is than `alone`, as "+3.2%".
+std::string format_overhead(std::optional<double> loop, std::optional<double> alone) {
+  if (!loop || !alone || *alone <= 0) return "-";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%+.1f%%", (*loop / *alone - 1) * 100);
+  return buf;
+}
+
+// Device mode: batch payload delivered to a GPU (MB/s) by ferry without and with a device, the
+// raw pinned copy and PyTorch; then the loop with a synthetic GPU step against the step alone.
+// This process initialises CUDA, after which ferry refuses to fork workers (a forked child
+// cannot use CUDA), so every ferry loader here starts them with forkserver, whose server
+// ferry::init started at the top of main.
+int run_device(const Args& args) {
+  const torch::Device device = *args.device;
+  std::vector<Workload> workloads;
+  std::vector<std::string> notes;
+  for (Workload w : args.workloads_given ? args.workloads
+                                         : std::vector{Workload::kTensor, Workload::kTensorView}) {
+    if (w == Workload::kTensor || w == Workload::kTensorView) {
+      workloads.push_back(w);
+      continue;
+    }
+    notes.push_back("device mode measures tensor and tensor-view; " + std::string(name(w)) +
+                    " was skipped");
+    std::fprintf(stderr, "%s\n", notes.back().c_str());
+  }
+  if (workloads.empty()) {
+    std::fprintf(stderr,
+                 "ferry_loader_bench: --device: nothing to measure; device mode measures the "
+                 "tensor and tensor-view workloads\n");
+    return 2;
+  }
+
+  struct DeviceRow {
+    Config config;
+    Cell cpu{}, device{}, pinned{}, pytorch{};                              // MB/s
+    Cell step_alone{}, ferry_step{}, pytorch_step_alone{}, pytorch_step{};  // per step or batch
+  };
+  std::vector<DeviceRow> rows;
+  for (Workload w : workloads) {
+    for (std::size_t n : args.workers) rows.push_back(DeviceRow{.config = Config{w, n}});
+  }
+
+  // The ceiling, once per workload.
+  std::map<Workload, Cell> raw;
+  for (Workload w : workloads) {
+    collect(raw[w], args.repeat, "raw-copy " + std::string(name(w)),
+            [&] { return run_raw_copy(w, device, args.budget); });
+  }
+
+  std::optional<GpuStep> step;
+  std::string step_error;
+  if (args.gpu_step_ms > 0) {
+    std::fprintf(stderr, "calibrating the GPU step to %g ms ... ", args.gpu_step_ms);
+    std::fflush(stderr);
+    try {
+      step = GpuStep::calibrate(device, args.gpu_step_ms, device_batch(workloads.front(), device));
+      std::fprintf(stderr, "%lld x matmul %lldx%lld: %.2f ms\n", static_cast<long long>(step->k()),
+                   static_cast<long long>(step->n()), static_cast<long long>(step->n()),
+                   step->ms());
+    } catch (const std::exception& e) {
+      step_error = e.what();
+      std::fprintf(stderr, "error: %s\n", step_error.c_str());
+    }
+  }
+
+  for (DeviceRow& row : rows) {
+    const Config c = row.config;
+    FerrySetup cpu{.start_method = ferry::StartMethod::kForkserver};
+    cpu.warmup = device_warmup_batches(c.num_workers);
+    cpu.sync = device;
+    FerrySetup on_device = cpu;
+    on_device.device = device;
+    on_device.max_batches_per_s = rate(raw[c.workload]);
+    FerrySetup pinned = on_device;
+    pinned.pin_memory = true;
+    collect(row.cpu, args.repeat, describe("ferry-cpu", c),
+            [&] { return run_ferry(c.workload, c.num_workers, args.budget, cpu); });
+    collect(row.device, args.repeat, describe("ferry-device", c),
+            [&] { return run_ferry(c.workload, c.num_workers, args.budget, on_device); });
+    collect(row.pinned, args.repeat, describe("ferry-pin+device", c),
+            [&] { return run_ferry(c.workload, c.num_workers, args.budget, pinned); });
+    if (!step) continue;
+    FerrySetup stepped = pinned;
+    stepped.step = [&step = *step](const ferry::Batch& batch) { step(batch); };
+    collect(row.step_alone, args.repeat, describe("step-alone", c),
+            [&] { return run_step_alone(c.workload, *step, device, args.budget); });
+    collect(row.ferry_step, args.repeat, describe("ferry+step", c),
+            [&] { return run_ferry(c.workload, c.num_workers, args.budget, stepped); });
+  }
+
+  PeerResults peer, peer_step;
+  if (args.peers) {
+    const std::string device_args = " --device " + shell_quote(device.str());
+    auto find = [](const auto& runs, const Config& c) -> const std::vector<Run>* {
+      const auto it = runs.find({std::string(name(c.workload)), c.num_workers});
+      return it == runs.end() ? nullptr : &it->second;
+    };
+    auto fill = [&](Cell& cell, const PeerResults& from, const std::vector<Run>* runs) {
+      if (runs != nullptr) {
+        cell.runs = *runs;
+      } else {
+        cell.error = from.error.empty() ? "no result from pytorch_peer.py" : from.error;
+      }
+    };
+    peer = run_pytorch_peer(args.python, args.peer, workloads, args.workers, args.budget,
+                            args.repeat, "fork", device_args);
+    for (DeviceRow& row : rows) fill(row.pytorch, peer, find(peer.runs, row.config));
+    if (step) {
+      char step_args[64];
+      std::snprintf(step_args, sizeof step_args, " --gpu-step-ms %g", args.gpu_step_ms);
+      peer_step = run_pytorch_peer(args.python, args.peer, workloads, args.workers, args.budget,
+                                   args.repeat, "fork", device_args + step_args);
+      for (DeviceRow& row : rows) {
+        fill(row.pytorch_step, peer_step, find(peer_step.runs, row.config));
+        fill(row.pytorch_step_alone, peer_step, find(peer_step.step_alone, row.config));
+      }
+    }
+  } else {
+    for (DeviceRow& row : rows) {
+      row.pytorch.skipped = row.pytorch_step.skipped = row.pytorch_step_alone.skipped = true;
+    }
+  }
+
+  const char* comment = args.markdown ? "" : "# ";
+  const std::string device_name = peer.device_name.empty() ? "" : " (" + peer.device_name + ")";
+  char budget_text[64];
+  if (args.budget.batches) {
+    std::snprintf(budget_text, sizeof budget_text, "%zu batches", *args.budget.batches);
+  } else {
+    std::snprintf(budget_text, sizeof budget_text, "%g s", args.budget.seconds);
+  }
+  std::printf(
+      "%sferry %s, LibTorch %d.%d.%d, PyTorch %s; device %s%s; %u hardware threads; %s per run "
+      "after a warm-up of 4 x workers + 8 batches, median of %d; ferry's workers start with "
+      "forkserver\n\n",
+      comment, FERRY_VERSION, TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR, TORCH_VERSION_PATCH,
+      peer.torch_version.empty() ? "-" : peer.torch_version.c_str(), device.str().c_str(),
+      device_name.c_str(), std::thread::hardware_concurrency(), budget_text, args.repeat);
+
+  std::printf(
+      "%sBatch payload delivered to %s (MB/s). cpu: no device; device: DataLoaderOptions::device; "
+      "pin+device: and pin_memory; raw pinned copy: the host-to-device copy alone (the "
+      "ceiling); pytorch: pin_memory=True and .to(device, non_blocking=True):\n\n",
+      comment, device.str().c_str());
+  std::vector<std::vector<std::string>> table;
+  for (const DeviceRow& row : rows) {
+    const Workload w = row.config.workload;
+    const auto cpu = throughput(row.cpu, w);
+    const auto dev = throughput(row.device, w);
+    const auto pin = throughput(row.pinned, w);
+    const auto copy = throughput(raw[w], w);
+    const auto py = throughput(row.pytorch, w);
+    table.push_back({std::string(name(w)), std::to_string(row.config.num_workers),
+                     format_value(row.cpu, cpu, 0), format_value(row.device, dev, 0),
+                     format_value(row.pinned, pin, 0), format_value(raw[w], copy, 0),
+                     format_value(row.pytorch, py, 0), format_ratio(dev, cpu),
+                     format_ratio(dev, py), format_ratio(pin, py)});
+  }
+  print_table({"workload", "workers", "cpu", "device", "pin+device", "raw pinned copy", "pytorch",
+               "device/cpu", "device/pytorch", "pin+device/pytorch"},
+              table, 2, args.markdown);
+
+  if (args.gpu_step_ms > 0) {
+    std::printf("\n%sGPU step, calibrated to %g ms: ", comment, args.gpu_step_ms);
+    if (!step) {
+      std::printf("error: %s\n", step_error.c_str());
+    } else {
+      std::printf("%lld x matmul %lldx%lld float32, %.2f ms here",
+                  static_cast<long long>(step->k()), static_cast<long long>(step->n()),
+                  static_cast<long long>(step->n()), step->ms());
+      if (!peer_step.step.empty()) std::printf("; the peer's: %s", peer_step.step.c_str());
+      std::printf(
+          ". Per batch: the step alone on a batch already on the device; the loop with the step "
+          "(ferry: pin_memory and device; pytorch: as above), synchronised at the end; and the "
+          "loop's overhead over the step alone. Target: ferry within +5%% when the step is "
+          "longer than the copy");
+      for (Workload w : workloads) {
+        if (const auto copy_ms = ms_per_batch(raw[w])) {
+          std::printf("; %s's raw pinned copy: %.2f ms", std::string(name(w)).c_str(), *copy_ms);
+        }
+      }
+      std::printf(":\n\n");
+      std::vector<std::vector<std::string>> steps;
+      for (const DeviceRow& row : rows) {
+        const auto alone = ms_per_batch(row.step_alone);
+        const auto ferry_loop = ms_per_batch(row.ferry_step);
+        const auto py_alone = ms_per_batch(row.pytorch_step_alone);
+        const auto py_loop = ms_per_batch(row.pytorch_step);
+        steps.push_back(
+            {std::string(name(row.config.workload)), std::to_string(row.config.num_workers),
+             format_value(row.step_alone, alone, 2), format_value(row.ferry_step, ferry_loop, 2),
+             format_overhead(ferry_loop, alone), format_value(row.pytorch_step_alone, py_alone, 2),
+             format_value(row.pytorch_step, py_loop, 2), format_overhead(py_loop, py_alone)});
+      }
+      print_table({"workload", "workers", "step alone (ms)", "ferry + step (ms)", "ferry overhead",
+                   "pytorch step alone (ms)", "pytorch + step (ms)", "pytorch overhead"},
+                  steps, 2, args.markdown);
+    }
+  }
+
+  // Why cells are empty, and what was left out.
+  std::vector<std::string> errors;
+  for (Workload w : workloads) {
+    if (!raw[w].error.empty())
+      errors.push_back("raw pinned copy, " + std::string(name(w)) + ": " + raw[w].error);
+  }
+  for (const DeviceRow& row : rows) {
+    const std::pair<const char*, const Cell*> cells[] = {
+        {"ferry cpu", &row.cpu},
+        {"ferry device", &row.device},
+        {"ferry pin+device", &row.pinned},
+        {"pytorch", &row.pytorch},
+        {"step alone", &row.step_alone},
+        {"ferry + step", &row.ferry_step},
+        {"pytorch step alone", &row.pytorch_step_alone},
+        {"pytorch + step", &row.pytorch_step}};
+    for (const auto& [loader, cell] : cells) {
+      if (cell->error.empty()) continue;
+      errors.push_back(std::string(loader) + ", " + std::string(name(row.config.workload)) +
+                       ", num_workers=" + std::to_string(row.config.num_workers) + ": " +
+                       cell->error);
+    }
+  }
+  if (!errors.empty()) std::printf("\nErrors:\n");
+  for (const std::string& e : errors) std::printf("- %s\n", e.substr(0, e.find('\n')).c_str());
+  if (!notes.empty()) std::printf("\n");
+  for (const std::string& n : notes) std::printf("%s%s\n", comment, n.c_str());
+  return 0;
+}
+
+// Device mode needs a CUDA device this LibTorch can use; says so and exits otherwise.
+void check_device(const torch::Device& device) {
+  if (!torch::cuda::is_available()) {
+    std::fprintf(stderr,
+                 "ferry_loader_bench: --device %s: no CUDA device is available: this LibTorch "
+                 "(%d.%d.%d) was built without CUDA, or no GPU is visible. Device mode needs a "
+                 "CUDA-enabled LibTorch and a GPU; leave --device out to measure on the CPU.\n",
+                 device.str().c_str(), TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR,
+                 TORCH_VERSION_PATCH);
+    std::exit(1);
+  }
+  const std::size_t count = torch::cuda::device_count();
+  if (device.has_index() && static_cast<std::size_t>(device.index()) >= count) {
+    std::fprintf(stderr, "ferry_loader_bench: --device %s: this machine has %zu CUDA device%s\n",
+                 device.str().c_str(), count, count == 1 ? "" : "s");
+    std::exit(1);
+  }
+}
+
 int main(int argc, char** argv) {
   register_bench_types();
   ferry::init(argc, argv);  // spawned workers are copies of this program
   const Args args = parse_args(argc, argv);
+  if (args.device) {
+    check_device(*args.device);
+    return run_device(args);
+  }
   const bool jpeg = std::find(args.workloads.begin(), args.workloads.end(), Workload::kJpeg) !=
                     args.workloads.end();
   double decode_only = 0;
+#if defined(FERRY_HAS_VISION)
   if (jpeg) {
     g_jpeg = prepare_jpeg_data(args.jpeg_dir, args.jpeg_images);
     decode_only = decode_only_rate(g_jpeg, 2.0);
   }
+#endif
   if (args.startup) return run_startup(args);
 
   std::vector<Row> rows;
@@ -887,10 +1421,10 @@ int main(int argc, char** argv) {
 
   for (Row& row : rows) {
     const Config c = row.config;
-    collect(row.ferry, args.repeat, "ferry", c,
+    collect(row.ferry, args.repeat, describe("ferry", c),
             [&] { return run_ferry(c.workload, c.num_workers, args.budget); });
     if (args.peers) {
-      collect(row.libtorch, args.repeat, "libtorch", c,
+      collect(row.libtorch, args.repeat, describe("libtorch", c),
               [&] { return run_libtorch(c.workload, c.num_workers, args.budget); });
     } else {
       row.libtorch.skipped = true;
