@@ -446,7 +446,7 @@ Run run_ferry(Workload w,
     return 1 + warmup + static_cast<std::size_t>(std::ceil(expected)) + 16;
   };
   if (setup.max_batches_per_s) {
-    return measure(ferry_opener(w, num_workers, capacity_for(*setup.max_batches_per_s, 1.5), setup),
+    return measure(ferry_opener(w, num_workers, capacity_for(*setup.max_batches_per_s, 2), setup),
                    warmup, budget, setup.sync);
   }
   const std::size_t probe_batches = w == Workload::kTiny ? 2000 : w == Workload::kJpeg ? 6 : 16;
@@ -1286,10 +1286,11 @@ int run_device(const Args& args) {
       device_name.c_str(), std::thread::hardware_concurrency(), budget_text, args.repeat);
 
   std::printf(
-      "%sBatch payload delivered to %s (MB/s). cpu: no device; device: DataLoaderOptions::device; "
-      "pin+device: and pin_memory; raw pinned copy: the host-to-device copy alone (the "
-      "ceiling); pytorch: pin_memory=True and .to(device, non_blocking=True):\n\n",
-      comment, device.str().c_str());
+      "%sBatch payload delivered to %s, MB/s. cpu: ferry without a device; device: with "
+      "DataLoaderOptions::device;\n%spin+device: and pin_memory; raw pinned copy: the "
+      "host-to-device copy alone (the ceiling);\n%spytorch: pin_memory=True and .to(device, "
+      "non_blocking=True).\n\n",
+      comment, device.str().c_str(), comment, comment);
   std::vector<std::vector<std::string>> table;
   for (const DeviceRow& row : rows) {
     const Workload w = row.config.workload;
@@ -1318,16 +1319,17 @@ int run_device(const Args& args) {
                   static_cast<long long>(step->n()), step->ms());
       if (!peer_step.step.empty()) std::printf("; the peer's: %s", peer_step.step.c_str());
       std::printf(
-          ". Per batch: the step alone on a batch already on the device; the loop with the step "
-          "(ferry: pin_memory and device; pytorch: as above), synchronised at the end; and the "
-          "loop's overhead over the step alone. Target: ferry within +5%% when the step is "
-          "longer than the copy");
+          ".\n%sms per batch: the step alone, on a batch already on the device; the loop with the "
+          "step (ferry: pin_memory and\n%sdevice; pytorch: as above), synchronised at the end; "
+          "the loop's overhead over the step alone. Target: ferry\n%swithin +5%% when the step "
+          "is longer than one batch's copy",
+          comment, comment, comment);
       for (Workload w : workloads) {
         if (const auto copy_ms = ms_per_batch(raw[w])) {
-          std::printf("; %s's raw pinned copy: %.2f ms", std::string(name(w)).c_str(), *copy_ms);
+          std::printf(" (%s: %.2f ms)", std::string(name(w)).c_str(), *copy_ms);
         }
       }
-      std::printf(":\n\n");
+      std::printf(".\n\n");
       std::vector<std::vector<std::string>> steps;
       for (const DeviceRow& row : rows) {
         const auto alone = ms_per_batch(row.step_alone);
