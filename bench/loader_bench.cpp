@@ -110,7 +110,7 @@ std::size_t warmup_batches(std::size_t num_workers) {
 // 38.5 MB one) in its first batches, and PyTorch's and LibTorch's CUDA state warms up; a longer
 // warm-up keeps those one-off costs out of the timed part. pytorch_peer.py uses the same.
 std::size_t device_warmup_batches(std::size_t num_workers) {
-  return std::max(warmup_batches(num_workers), 4 * num_workers + 8);
+  return std::max(warmup_batches(num_workers), 12 * num_workers + 8);
 }
 
 // ferry: sample i is {"value": i} (tiny), or {"image": a clone of one stored float32 3x224x224
@@ -905,7 +905,7 @@ constexpr const char* kUsage =
     "                delivered to the GPU by ferry without and with a device, with\n"
     "                pin_memory, the raw pinned copy, and PyTorch with pin_memory and\n"
     "                .to(non_blocking=True); then the GPU step table (default workloads:\n"
-    "                tensor,tensor-view; ferry's workers start with forkserver)\n"
+    "                tensor,tensor-view; ferry's workers fork after CUDA started)\n"
     "  --gpu-step-ms X  device mode: a synthetic GPU step (matmuls on the batch) calibrated\n"
     "                to X ms, the loop with it against the step alone (default: 4; 0: off)\n";
 
@@ -1154,9 +1154,8 @@ std::string format_overhead(std::optional<double> loop, std::optional<double> al
 
 // Device mode: batch payload delivered to a GPU (MB/s) by ferry without and with a device, the
 // raw pinned copy and PyTorch; then the loop with a synthetic GPU step against the step alone.
-// This process initialises CUDA, after which ferry refuses to fork workers (a forked child
-// cannot use CUDA), so every ferry loader here starts them with forkserver, whose server
-// ferry::init started at the top of main.
+// This process initialises CUDA before its loaders fork their workers, as a training program
+// does (the model is on the GPU first); fork, the default start method, allows that.
 int run_device(const Args& args) {
   const torch::Device device = *args.device;
   std::vector<Workload> workloads;
@@ -1213,7 +1212,7 @@ int run_device(const Args& args) {
 
   for (DeviceRow& row : rows) {
     const Config c = row.config;
-    FerrySetup cpu{.start_method = ferry::StartMethod::kForkserver};
+    FerrySetup cpu{.start_method = ferry::StartMethod::kFork};
     cpu.warmup = device_warmup_batches(c.num_workers);
     cpu.sync = device;
     FerrySetup on_device = cpu;
@@ -1279,8 +1278,8 @@ int run_device(const Args& args) {
   }
   std::printf(
       "%sferry %s, LibTorch %d.%d.%d, PyTorch %s; device %s%s; %u hardware threads; %s per run "
-      "after a warm-up of 4 x workers + 8 batches, median of %d; ferry's workers start with "
-      "forkserver\n\n",
+      "after a warm-up of 12 x workers + 8 batches, median of %d; ferry's workers start with "
+      "fork, after CUDA started\n\n",
       comment, FERRY_VERSION, TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR, TORCH_VERSION_PATCH,
       peer.torch_version.empty() ? "-" : peer.torch_version.c_str(), device.str().c_str(),
       device_name.c_str(), std::thread::hardware_concurrency(), budget_text, args.repeat);

@@ -22,7 +22,7 @@ time from constructing the DataLoader (and iter()) to the first batch; then a fe
 are read and `--batches` batches (or `--seconds` of them) are timed.
 
 --device cuda (or cuda:N): the DataLoader has pin_memory=True and each batch's tensors are sent
-with .to(device, non_blocking=True), as PyTorch users do; the warm-up is 4 * num_workers + 8
+with .to(device, non_blocking=True), as PyTorch users do; the warm-up is 12 * num_workers + 8
 batches, and the timed interval starts and ends with torch.cuda.synchronize(), so copies still in
 flight count. --gpu-step-ms X adds a synthetic training step on each batch: a chain of float32
 matmuls calibrated to about X ms (as loader_bench.cpp's), starting from the sum of the batch's
@@ -93,7 +93,7 @@ def warmup_batches(num_workers, device=None):
     # Enough for every worker to have delivered a batch and the prefetch queue to be running; with
     # a device, long enough for one-off costs (pinning, CUDA's caches) to be out of the timed part.
     if device is not None:
-        return max(3, 2 * num_workers, 4 * num_workers + 8)
+        return max(3, 2 * num_workers, 12 * num_workers + 8)
     return max(3, 2 * num_workers)
 
 
