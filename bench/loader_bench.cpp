@@ -112,6 +112,12 @@ std::size_t warmup_batches(std::size_t num_workers) {
 std::size_t device_warmup_batches(std::size_t num_workers) {
   return std::max(warmup_batches(num_workers), 12 * num_workers + 8);
 }
+// ferry page-locks segments on a thread of its own, about 50 ms per 38.5 MB segment and a few
+// segments per worker; until a segment is locked its batches take a pinned copy. Steady state
+// begins once every segment is locked: ferry's device-mode runs warm up at least this long.
+double device_warmup_seconds(std::size_t num_workers) {
+  return std::max(0.5, 0.25 * static_cast<double>(num_workers));
+}
 
 // ferry: sample i is {"value": i} (tiny), or {"image": a clone of one stored float32 3x224x224
 // tensor (tensor) or that tensor itself (tensor-view), "label": i}.
@@ -352,13 +358,15 @@ template <class Open>
 Run measure(Open&& open,
             std::size_t warmup,
             const Budget& budget,
-            const std::optional<torch::Device>& sync = std::nullopt) {
+            const std::optional<torch::Device>& sync = std::nullopt,
+            double warmup_seconds = 0) {
   Run run;
   const auto constructed = Clock::now();
   auto next = open();
   if (!next()) throw std::runtime_error("the loader yielded no batch");
   run.first_batch_s = seconds_since(constructed);
-  for (std::size_t i = 0; i < warmup; ++i) {
+  const auto warming = Clock::now();
+  for (std::size_t i = 0; i < warmup || seconds_since(warming) < warmup_seconds; ++i) {
     if (!next()) throw std::runtime_error("the epoch ended during the warm-up");
   }
   if (sync) synchronize(*sync);  // the warm-up's copies and steps are done
@@ -386,6 +394,7 @@ struct FerrySetup {
   bool pin_memory = false;
   std::function<void(const ferry::Batch&)> step{};  // runs on each batch, as a training step
   std::size_t warmup = 0;                           // 0: warmup_batches(num_workers)
+  double warmup_seconds = 0;                        // and at least this long
   std::optional<torch::Device> sync{};              // see measure()
   // An upper bound on the rate (device mode: the raw copy's), which sizes the dataset for a
   // --seconds run without a probe run.
@@ -438,22 +447,23 @@ Run run_ferry(Workload w,
   const std::size_t warmup = setup.warmup > 0 ? setup.warmup : warmup_batches(num_workers);
   if (budget.batches) {
     return measure(ferry_opener(w, num_workers, 1 + warmup + *budget.batches, setup), warmup,
-                   budget, setup.sync);
+                   budget, setup.sync, setup.warmup_seconds);
   }
   constexpr double kMaxBatches = 4e6;  // bounds the index lists ferry's sampler builds
   auto capacity_for = [&](double batches_per_s, double room) {
-    const double expected = std::min(kMaxBatches, batches_per_s * budget.seconds * room);
+    const double expected =
+        std::min(kMaxBatches, batches_per_s * (budget.seconds * room + setup.warmup_seconds));
     return 1 + warmup + static_cast<std::size_t>(std::ceil(expected)) + 16;
   };
   if (setup.max_batches_per_s) {
     return measure(ferry_opener(w, num_workers, capacity_for(*setup.max_batches_per_s, 2), setup),
-                   warmup, budget, setup.sync);
+                   warmup, budget, setup.sync, setup.warmup_seconds);
   }
   const std::size_t probe_batches = w == Workload::kTiny ? 2000 : w == Workload::kJpeg ? 6 : 16;
   const Run probe = measure(ferry_opener(w, num_workers, 1 + warmup + probe_batches, setup), warmup,
-                            Budget{.batches = probe_batches}, setup.sync);
+                            Budget{.batches = probe_batches}, setup.sync, setup.warmup_seconds);
   Run run = measure(ferry_opener(w, num_workers, capacity_for(probe.batches_per_s(), 2), setup),
-                    warmup, budget, setup.sync);
+                    warmup, budget, setup.sync, setup.warmup_seconds);
   run.first_batch_s = probe.first_batch_s;
   return run;
 }
@@ -1214,6 +1224,7 @@ int run_device(const Args& args) {
     const Config c = row.config;
     FerrySetup cpu{.start_method = ferry::StartMethod::kFork};
     cpu.warmup = device_warmup_batches(c.num_workers);
+    cpu.warmup_seconds = device_warmup_seconds(c.num_workers);
     cpu.sync = device;
     FerrySetup on_device = cpu;
     on_device.device = device;
@@ -1278,7 +1289,8 @@ int run_device(const Args& args) {
   }
   std::printf(
       "%sferry %s, LibTorch %d.%d.%d, PyTorch %s; device %s%s; %u hardware threads; %s per run "
-      "after a warm-up of 12 x workers + 8 batches, median of %d; ferry's workers start with "
+      "after a warm-up of 12 x workers + 8 batches (ferry: and at least 0.25 s x workers), median "
+      "of %d; ferry's workers start with "
       "fork, after CUDA started\n\n",
       comment, FERRY_VERSION, TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR, TORCH_VERSION_PATCH,
       peer.torch_version.empty() ? "-" : peer.torch_version.c_str(), device.str().c_str(),

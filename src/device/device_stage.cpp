@@ -76,6 +76,15 @@ DeviceStage::DeviceStage(std::optional<torch::Device> device,
 }
 
 DeviceStage::~DeviceStage() {
+  if (locker_.joinable()) {
+    {
+      const std::lock_guard<std::mutex> lock(lock_mutex_);
+      lock_stop_ = true;
+    }
+    lock_wake_.notify_all();
+    locker_.join();
+  }
+  lock_queue_.clear();
   try {
     if (stream_) guard_->synchronizeStream(*stream_);
   } catch (const std::exception& e) {
@@ -85,18 +94,42 @@ DeviceStage::~DeviceStage() {
   in_flight_.clear();
 }
 
-HostRegistration DeviceStage::page_lock(void* data, std::size_t size) const noexcept {
-  try {
-    return HostRegistration::page_lock(data, size, device_index_);
-  } catch (const std::exception& e) {
-    static std::once_flag warned;
-    std::call_once(warned, [&] {
-      std::fprintf(stderr,
-                   "ferry: warning: %s; batches in shared memory that cannot be page-locked are "
-                   "copied into pinned memory instead (slower)\n",
-                   e.what());
-    });
-    return {};
+void DeviceStage::page_lock_later(std::shared_ptr<LockableRange> range) {
+  if (!cuda_ || range->requested_) return;
+  range->requested_ = true;
+  {
+    const std::lock_guard<std::mutex> lock(lock_mutex_);
+    lock_queue_.push_back(std::move(range));
+  }
+  if (!locker_.joinable()) locker_ = std::thread([this] { lock_ranges(); });
+  lock_wake_.notify_one();
+}
+
+void DeviceStage::lock_ranges() noexcept {
+  for (;;) {
+    std::shared_ptr<LockableRange> range;
+    {
+      std::unique_lock<std::mutex> lock(lock_mutex_);
+      lock_wake_.wait(lock, [&] { return lock_stop_ || !lock_queue_.empty(); });
+      if (lock_stop_) return;
+      range = std::move(lock_queue_.front());
+      lock_queue_.pop_front();
+    }
+    // Nobody else holds it (its segment was retired and its batches are gone): not worth 50 ms.
+    if (range.use_count() == 1) continue;
+    try {
+      range->registration_ = HostRegistration::page_lock(range->data_, range->size_, device_index_);
+      range->locked_.store(true, std::memory_order_release);
+    } catch (const std::exception& e) {
+      static std::once_flag warned;
+      std::call_once(warned, [&] {
+        std::fprintf(stderr,
+                     "ferry: warning: %s; batches in shared memory that cannot be page-locked are "
+                     "copied into pinned memory instead (slower)\n",
+                     e.what());
+      });
+    }
+    // `range` may be the last owner of its segment: it is then unlocked and unmapped here.
   }
 }
 

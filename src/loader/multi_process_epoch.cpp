@@ -389,8 +389,8 @@ void MultiProcessEpoch::handle_message(WorkerSlot& w,
       std::shared_ptr<MappedSegment> mapping;
       bool reused = false;
       if (!fds.empty()) {
-        mapping = std::make_shared<MappedSegment>();
-        mapping->region = ipc::MappedRegion::map_shared(fds.front().get(), m->segment_size, true);
+        mapping = std::make_shared<MappedSegment>(
+            ipc::MappedRegion::map_shared(fds.front().get(), m->segment_size, true));
         w.segments[m->segment_id] = mapping;
       } else if (auto it = w.segments.find(m->segment_id); it != w.segments.end()) {
         mapping = it->second;
@@ -408,11 +408,11 @@ void MultiProcessEpoch::handle_message(WorkerSlot& w,
       if (!current) return;  // the lease recycles the segment as it goes
       const ipc::MappedRegion& region = mapping->region;
       const auto& stage = state_->stage;
-      // A segment is page-locked when it comes back for reuse, once (about 50 ms for 38.5 MB):
-      // its first batch, like a one-off segment's, takes a pinned copy instead.
-      if (reused && stage && stage->page_locks_segments() && !mapping->lock_tried) {
-        mapping->lock_tried = true;
-        mapping->page_lock = stage->page_lock(region.data(), region.size());
+      // A segment is page-locked once it comes back for reuse, on the stage's own thread (about
+      // 50 ms for 38.5 MB); until then, and for one-off segments, batches take a pinned copy.
+      if (reused && stage && stage->page_locks_segments()) {
+        stage->page_lock_later(
+            std::shared_ptr<device::LockableRange>(mapping, &mapping->page_lock));
       }
       result.skipped = std::move(m->skipped);
       Batch batch(m->num_samples);
@@ -436,7 +436,7 @@ void MultiProcessEpoch::handle_message(WorkerSlot& w,
       } else {
         // Its copy to the device starts now, ahead of the loop; a failure fails this batch only.
         try {
-          result.batch = stage->start(std::move(batch), static_cast<bool>(mapping->page_lock));
+          result.batch = stage->start(std::move(batch), mapping->page_lock.locked());
         } catch (...) {
           result.error = std::current_exception();
         }

@@ -8,7 +8,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "device/cuda_driver.h"
+#include "device/device_stage.h"
 #include "ipc/channel.h"
 #include "ipc/child_process.h"
 #include "ipc/shared_memory.h"
@@ -27,9 +27,10 @@ struct RecycleQueue {
 // A worker's segment as this process maps it: the mapping, and once the segment has come back
 // for reuse (with pin_memory or a CUDA device), its page-lock, undone before the unmap.
 struct MappedSegment {
+  explicit MappedSegment(ipc::MappedRegion mapped)
+      : region(std::move(mapped)), page_lock(region.data(), region.size()) {}
   ipc::MappedRegion region;
-  device::HostRegistration page_lock;  // declared after `region`: destroyed first
-  bool lock_tried = false;             // page-locked, or the driver refused: never asked again
+  device::LockableRange page_lock;  // declared after `region`: destroyed (unlocked) first
 };
 
 struct TaskRecord {

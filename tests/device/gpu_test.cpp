@@ -343,7 +343,11 @@ TEST(Gpu, FiftyEpochsLeaveNoGrowth) {
                  device::device_memory_used(0));
       }
     }
-    EXPECT_LE(late.registrations, early.registrations) << "persistent=" << persistent;
+    // Segments are page-locked on the stage's own thread, so how many are locked at an epoch's
+    // end depends on timing; what must hold is a bound: 4 workers keep at most about 6 segments
+    // each, and without persistent_workers the previous epoch's may not be gone yet (2 x 24).
+    // A leak of one epoch's segments per epoch would pass 150 by epoch 49.
+    EXPECT_LE(late.registrations, 48u) << "persistent=" << persistent;
     EXPECT_LE(late.fds, early.fds) << "persistent=" << persistent;
     EXPECT_LE(late.rss, early.rss + (16 << 20)) << "persistent=" << persistent;
     EXPECT_LE(late.gpu, early.gpu + (32 << 20)) << "persistent=" << persistent;
