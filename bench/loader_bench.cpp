@@ -461,7 +461,7 @@ Run run_ferry(Workload w,
   }
   const std::size_t probe_batches = w == Workload::kTiny ? 2000 : w == Workload::kJpeg ? 6 : 16;
   const Run probe = measure(ferry_opener(w, num_workers, 1 + warmup + probe_batches, setup), warmup,
-                            Budget{.batches = probe_batches}, setup.sync, setup.warmup_seconds);
+                            Budget{.batches = probe_batches}, setup.sync);  // sized for no more
   Run run = measure(ferry_opener(w, num_workers, capacity_for(probe.batches_per_s(), 2), setup),
                     warmup, budget, setup.sync, setup.warmup_seconds);
   run.first_batch_s = probe.first_batch_s;
