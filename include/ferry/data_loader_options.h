@@ -47,9 +47,10 @@ struct DataLoaderOptions {
   std::size_t num_workers = 0;                   // 0: load in the calling thread
   std::optional<std::size_t> prefetch_factor{};  // batches in flight per worker; 2 with workers
   bool persistent_workers = false;
-  /// Batches come in page-locked memory: shared memory is page-locked once per recycled segment,
-  /// with no copy (is_pinned() is true); other batches get a pinned copy. Needs a CUDA LibTorch
-  /// and a GPU (a ConfigError says so otherwise).
+  /// Batches come in pinned memory (is_pinned()): a pinned copy, as PyTorch's, whose memory
+  /// LibTorch keeps until the loop's own non_blocking copies from it have run. With a CUDA
+  /// `device` it changes nothing (ferry copies from page-locked shared memory itself). Needs a
+  /// CUDA LibTorch and a GPU (a ConfigError says so otherwise).
   bool pin_memory = false;
   bool drop_last = false;
   std::chrono::milliseconds timeout{0};  // 0: wait forever; YAML gives seconds
@@ -60,7 +61,7 @@ struct DataLoaderOptions {
   /// the registry, and need ferry::init(argc, argv) first thing in main (see ferry/init.h).
   std::optional<StartMethod> start_method{};
   /// Not in PyTorch: with a CUDA `device`, each batch is copied there on a side stream as soon as
-  /// it arrives, ahead of the loop, from page-locked shared memory (pin_memory is implied); the
+  /// it arrives, ahead of the loop, from shared memory page-locked once per recycled segment; the
   /// loop's current stream waits for the copy. Fork workers may be started after CUDA is in use.
   std::optional<torch::Device> device{};
   /// Not in PyTorch: steps run on each whole batch once it is on `device` (on the GPU, on the copy

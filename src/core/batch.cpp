@@ -72,7 +72,9 @@ Batch Batch::to(const torch::Device& device, bool non_blocking) const {
 }
 
 Batch Batch::pin_memory() const {
-  return map_tensors([](const torch::Tensor& t) { return t.is_pinned() ? t : t.pin_memory(); });
+  // Only CPU tensors can be pinned; a field already on a device stays as it is.
+  return map_tensors(
+      [](const torch::Tensor& t) { return !t.is_cpu() || t.is_pinned() ? t : t.pin_memory(); });
 }
 
 }  // namespace ferry

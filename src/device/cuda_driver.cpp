@@ -150,8 +150,8 @@ bool cuda_initialized() noexcept {
 HostRegistration HostRegistration::page_lock(void* data, std::size_t size, int device_index) {
   const Driver& driver = Driver::get();
   FERRY_CHECK(driver.loaded,
-              "pin_memory: the CUDA driver (libcuda.so.1) could not be loaded, so shared memory "
-              "cannot be page-locked; install the NVIDIA driver, or set pin_memory=false");
+              "the CUDA driver (libcuda.so.1) could not be loaded, so shared memory cannot be "
+              "page-locked for copies to the GPU; check the NVIDIA driver's installation");
   const PrimaryContext context(driver, device_index);
   const CUresult r = driver.host_register(data, size, kMemHostRegisterPortable);
   if (r != kCudaSuccess) {

@@ -1,5 +1,6 @@
 #include "device/device_stage.h"
 
+#include <chrono>
 #include <cstdio>
 #include <utility>
 #include <vector>
@@ -15,6 +16,16 @@ namespace {
 
 std::mutex g_fault_mutex;
 std::function<void()> g_before_copy;
+std::atomic<bool> g_before_copy_armed{false};  // no lock per batch unless a test armed the hook
+
+// How long destroying a stage waits for copies still in flight before it gives up on them.
+constexpr std::chrono::seconds kShutdownWait{30};
+
+// An exception's message; LibTorch's own without its C++ backtrace.
+std::string message_of(const std::exception& e) {
+  if (const auto* c10 = dynamic_cast<const c10::Error*>(&e)) return c10->what_without_backtrace();
+  return e.what();
+}
 
 // Why CUDA is not there, for the option that needed it.
 std::string why_no_cuda() {
@@ -39,6 +50,7 @@ void for_each_tensor(const Batch& batch, F&& f) {
 void fault::set_before_copy(std::function<void()> work) {
   const std::lock_guard<std::mutex> lock(g_fault_mutex);
   g_before_copy = std::move(work);
+  g_before_copy_armed = static_cast<bool>(g_before_copy);
 }
 
 DeviceStage::DeviceStage(std::optional<torch::Device> device,
@@ -85,13 +97,29 @@ DeviceStage::~DeviceStage() {
     locker_.join();
   }
   lock_queue_.clear();
-  try {
-    if (stream_) guard_->synchronizeStream(*stream_);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "ferry: waiting for the copy stream failed: %s\n", e.what());
-  }
+  // Copies still in flight read host memory that goes back to the workers (or is unmapped) when
+  // their batches go: wait for them, with a bound, so a GPU that never finishes cannot hang the
+  // program's shutdown. Past the bound, their host memory is deliberately kept (leaked).
+  const auto deadline = std::chrono::steady_clock::now() + kShutdownWait;
   const std::lock_guard<std::mutex> lock(mutex_);
-  in_flight_.clear();
+  try {
+    while (!in_flight_.empty()) {
+      if (in_flight_.front().done->query()) {
+        in_flight_.pop_front();
+      } else if (std::chrono::steady_clock::now() >= deadline) {
+        throw Error(detail::str(in_flight_.size(), " copies to ", device_->str(),
+                                " did not complete within ", kShutdownWait.count(), " s"));
+      } else {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr,
+                 "ferry: warning: closing the DataLoader's copy stage: %s; their host memory is "
+                 "kept, not freed, so that no copy reads freed memory\n",
+                 message_of(e).c_str());
+    new std::deque<InFlight>(std::move(in_flight_));  // NOLINT: leaked on purpose
+  }
 }
 
 void DeviceStage::page_lock_later(std::shared_ptr<LockableRange> range) {
@@ -133,12 +161,25 @@ void DeviceStage::lock_ranges() noexcept {
   }
 }
 
+void DeviceStage::run_transforms(Batch& batch) const {
+  for (const auto& t : transforms_) {
+    try {
+      t->apply(batch);
+    } catch (const std::exception& e) {
+      throw Error(detail::str("device transform ", t->describe(), " on batch ", batch.sequence(),
+                              " of epoch ", batch.epoch(), ": ", message_of(e)));
+    }
+  }
+}
+
 StagedBatch DeviceStage::start(Batch host, bool page_locked) {
   release_completed();
   if (!device_) {
-    // The CPU, or pinned host batches (pin_memory without a device).
-    if (pin_ && !page_locked) host = host.pin_memory();
-    for (const auto& t : transforms_) t->apply(host);
+    run_transforms(host);
+    // pin_memory without a device: a pinned copy from LibTorch's caching host allocator, which
+    // records the loop's own non_blocking copies from it, so its memory is not reused under
+    // them. A batch in shared memory could go back to its worker while such a copy is queued.
+    if (pin_) host = host.pin_memory();
     return {std::move(host), nullptr};
   }
   // The copy reads `source` asynchronously: keep it until the copy's event has completed.
@@ -154,12 +195,17 @@ StagedBatch DeviceStage::start(Batch host, bool page_locked) {
   };
   Batch on_device;
   try {
-    {
+    if (g_before_copy_armed.load(std::memory_order_relaxed)) {
       const std::lock_guard<std::mutex> lock(g_fault_mutex);
       if (g_before_copy) g_before_copy();
     }
-    on_device = source.to(*device_, /*non_blocking=*/true);
-    for (const auto& t : transforms_) t->apply(on_device);
+    try {
+      on_device = source.to(*device_, /*non_blocking=*/true);
+    } catch (const std::exception& e) {
+      throw Error(detail::str("copying batch ", source.sequence(), " of epoch ", source.epoch(),
+                              " to ", device_->str(), " failed: ", message_of(e)));
+    }
+    run_transforms(on_device);
   } catch (...) {
     keep_until_done();  // copies may have been issued before the failure
     throw;

@@ -61,14 +61,17 @@ class DeviceStage {
   // `device` unset or the CPU: no copy. Throws ConfigError when pin_memory or a CUDA device is
   // asked of a LibTorch without CUDA or a machine without a GPU.
   DeviceStage(std::optional<torch::Device> device, bool pin_memory, BatchTransforms transforms);
-  // Waits for the copies in flight, then lets go of their host batches.
+  // Waits for the copies in flight (at most 30 s; past that their host memory is kept, not
+  // freed), then lets go of their host batches.
   ~DeviceStage();
   DeviceStage(const DeviceStage&) = delete;
   DeviceStage& operator=(const DeviceStage&) = delete;
 
-  // Whether the loader should page-lock the shared-memory segments it maps (pin_memory, or a CUDA
-  // device: the copy then needs no staging). True only where CUDA is present.
-  bool page_locks_segments() const noexcept { return cuda_; }
+  // Whether the loader should page-lock the shared-memory segments it maps: with a CUDA device,
+  // whose copies the stage issues itself and waits for before a segment goes back to its worker,
+  // so they need no staging copy. (pin_memory alone hands host batches to the loop, whose own
+  // copies from them the stage cannot see: those batches are pinned copies.)
+  bool page_locks_segments() const noexcept { return device_.has_value(); }
   // Asks for `range` to be page-locked, once, on the stage's own thread (about 50 ms for 38.5 MB,
   // which the training loop must not wait for); until then its batches take a pinned copy. The
   // pointer keeps the memory alive while the request waits (an aliasing shared_ptr to its owner).
@@ -78,8 +81,9 @@ class DeviceStage {
   // Starts `host` on its way. On a CUDA device its copy (straight from `host` when it lies in
   // page-locked memory, `page_locked`, else from a pinned copy) and the device transforms are
   // issued on the stage's stream now, and `host` is kept until they have completed, so its
-  // shared memory cannot be recycled under the copy. With pin_memory alone, a batch outside
-  // page-locked memory is copied into pinned memory. Throws if a copy or transform fails.
+  // shared memory cannot be recycled under the copy. Without a device, the transforms run here,
+  // then pin_memory makes a pinned copy. Throws ferry::Error naming the batch (and the transform)
+  // if a copy or transform fails.
   StagedBatch start(Batch host, bool page_locked);
   // Hands a started batch to the training loop, on the calling thread: the thread's current
   // stream waits for the batch's event, and its device tensors are recorded on that stream, so
@@ -91,6 +95,7 @@ class DeviceStage {
   std::size_t in_flight() const;
 
  private:
+  void run_transforms(Batch& batch) const;  // errors name the transform and the batch
   struct InFlight {
     std::shared_ptr<c10::Event> done;
     Batch host;

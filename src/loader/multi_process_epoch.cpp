@@ -456,7 +456,7 @@ void MultiProcessEpoch::handle_message(WorkerSlot& w,
                       : detail::str("collating batch ", m->sequence);
     const std::string what = detail::str("DataLoader worker ", w.id, " (pid ", w.process.pid(),
                                          ") raised ", m->type_name, " ", where, " of epoch ",
-                                         epoch_, ": ", m->message, cuda_advice(m->message));
+                                         epoch_, ": ", m->message, cuda_advice(w, m->message));
     if (m->type_name == "ferry::SharedMemoryError") {
       result.error = std::make_exception_ptr(SharedMemoryError(what));
     } else {
@@ -473,7 +473,7 @@ void MultiProcessEpoch::handle_message(WorkerSlot& w,
     failure.message = m->message;
     const std::string what =
         detail::str("DataLoader worker ", w.id, " (pid ", w.process.pid(), ") failed (",
-                    m->type_name, "): ", m->message, cuda_advice(m->message));
+                    m->type_name, "): ", m->message, cuda_advice(w, m->message));
     fail(std::make_exception_ptr(WorkerError(what, std::move(failure))));
   }
   if (state_->options.in_order) {
@@ -496,11 +496,8 @@ WorkerFailure MultiProcessEpoch::failure_of(const WorkerSlot& w) const {
   return failure;
 }
 
-std::string MultiProcessEpoch::cuda_advice(const std::string& message) const {
-  if (message.find("CUDA") == std::string::npos && message.find("cuda") == std::string::npos) {
-    return {};
-  }
-  if (*state_->options.start_method != StartMethod::kFork || !device::cuda_initialized()) return {};
+std::string MultiProcessEpoch::cuda_advice(const WorkerSlot& w, const std::string& message) {
+  if (!w.forked_after_cuda || message.find("CUDA") == std::string::npos) return {};
   return " (this worker was forked after this process initialised CUDA, so it cannot use CUDA: "
          "keep GPU work in the training loop or in device_transforms, which run on the GPU "
          "after the copy; or use start_method=spawn, whose workers start CUDA afresh)";

@@ -64,8 +64,8 @@ class MultiProcessEpoch final : public EpochIterator {
   [[noreturn]] void timed_out(std::chrono::milliseconds waited);
   [[noreturn]] void fail(std::exception_ptr error);
   WorkerFailure failure_of(const WorkerSlot& w) const;
-  // Advice for a worker error that mentions CUDA, when workers were forked after CUDA started.
-  std::string cuda_advice(const std::string& message) const;
+  // Advice for an error of worker `w` that names CUDA, if `w` was forked after CUDA started.
+  static std::string cuda_advice(const WorkerSlot& w, const std::string& message);
 
   std::shared_ptr<LoaderState> state_;
   std::shared_ptr<WorkerPool> pool_;

@@ -96,7 +96,9 @@ void WorkerPool::start_worker() {
     workers::unregister_parent_only_fd(main_data.fd());
     throw;
   }
-  add_slot(spec.worker_id, std::move(main_index), std::move(main_data), pid);
+  WorkerSlot& slot = add_slot(spec.worker_id, std::move(main_index), std::move(main_data), pid);
+  // Allowed (workers never use CUDA); remembered for the advice an error naming CUDA gets.
+  slot.forked_after_cuda = device::cuda_initialized();
 }
 
 WorkerSlot& WorkerPool::add_slot(std::size_t id,

@@ -51,6 +51,7 @@ struct WorkerSlot {
   std::unordered_map<std::uint64_t, std::shared_ptr<MappedSegment>> segments;
   bool dead = false;
   bool ready = true;  // spawn and forkserver: false until the worker's handshake arrives
+  bool forked_after_cuda = false;  // fork after this process initialised CUDA
   // This epoch: tasks sent whose batch the training loop has not received yet (bounded by
   // prefetch_factor); for an iterable dataset, whether its stream has ended.
   std::size_t undelivered = 0;

@@ -141,7 +141,9 @@ TEST(DeviceTransforms, AFailingStepFailsItsBatchAndTheEpochGoesOn) {
       try {
         good += (*it).size();
       } catch (const std::runtime_error& e) {
-        EXPECT_THAT(e.what(), HasSubstr("step failed on batch 1"));
+        EXPECT_THAT(e.what(), AllOf(HasSubstr("device transform fails_on_batch_1 on batch 1 of "
+                                              "epoch 0"),
+                                    HasSubstr("step failed on batch 1")));
         ++failed;
       }
     }
