@@ -69,7 +69,7 @@ DeviceStage::DeviceStage(std::optional<torch::Device> device,
                 "; or leave device unset");
   }
   if (pin_memory) {
-    FERRY_CHECK(at::hasCUDA(), "pin_memory=true page-locks batches for copies to a GPU, but ",
+    FERRY_CHECK(at::hasCUDA(), "pin_memory=true pins batches for copies to a GPU, but ",
                 why_no_cuda(), "; or set pin_memory=false");
   }
   cuda_ = to_cuda || pin_memory;
