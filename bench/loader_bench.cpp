@@ -336,6 +336,17 @@ struct Budget {
   double seconds = 2.0;
 };
 
+// "2 s" or "100 batches": how long each run is timed, for the tables' headers.
+std::string describe_budget(const Budget& budget) {
+  char text[64];
+  if (budget.batches) {
+    std::snprintf(text, sizeof text, "%zu batches", *budget.batches);
+  } else {
+    std::snprintf(text, sizeof text, "%g s", budget.seconds);
+  }
+  return text;
+}
+
 struct Run {
   std::size_t batches = 0;
   double seconds = 0;
@@ -1281,12 +1292,7 @@ int run_device(const Args& args) {
 
   const char* comment = args.markdown ? "" : "# ";
   const std::string device_name = peer.device_name.empty() ? "" : " (" + peer.device_name + ")";
-  char budget_text[64];
-  if (args.budget.batches) {
-    std::snprintf(budget_text, sizeof budget_text, "%zu batches", *args.budget.batches);
-  } else {
-    std::snprintf(budget_text, sizeof budget_text, "%g s", args.budget.seconds);
-  }
+  const std::string budget_text = describe_budget(args.budget);
   std::printf(
       "%sferry %s, LibTorch %d.%d.%d, PyTorch %s; device %s%s; %u hardware threads; %s per run "
       "after a warm-up of 12 x workers + 8 batches (ferry: and at least 0.25 s x workers), median "
@@ -1294,7 +1300,7 @@ int run_device(const Args& args) {
       "fork, after CUDA started\n\n",
       comment, FERRY_VERSION, TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR, TORCH_VERSION_PATCH,
       peer.torch_version.empty() ? "-" : peer.torch_version.c_str(), device.str().c_str(),
-      device_name.c_str(), std::thread::hardware_concurrency(), budget_text, args.repeat);
+      device_name.c_str(), std::thread::hardware_concurrency(), budget_text.c_str(), args.repeat);
 
   std::printf(
       "%sBatch payload delivered to %s, MB/s. cpu: ferry without a device; device: with "
@@ -1462,18 +1468,13 @@ int main(int argc, char** argv) {
   }
 
   // Throughput.
-  char measure_text[64];
-  if (args.budget.batches) {
-    std::snprintf(measure_text, sizeof measure_text, "%zu batches", *args.budget.batches);
-  } else {
-    std::snprintf(measure_text, sizeof measure_text, "%g s", args.budget.seconds);
-  }
+  const std::string measure_text = describe_budget(args.budget);
   std::printf(
       "%sferry %s, LibTorch %d.%d.%d, PyTorch %s; %u hardware threads; %s per run after "
       "warm-up, median of %d\n\n",
       args.markdown ? "" : "# ", FERRY_VERSION, TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR,
       TORCH_VERSION_PATCH, peer.torch_version.empty() ? "-" : peer.torch_version.c_str(),
-      std::thread::hardware_concurrency(), measure_text, args.repeat);
+      std::thread::hardware_concurrency(), measure_text.c_str(), args.repeat);
 
   std::vector<std::vector<std::string>> table;
   for (const Row& row : rows) {
