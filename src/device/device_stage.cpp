@@ -72,8 +72,7 @@ DeviceStage::DeviceStage(std::optional<torch::Device> device,
     FERRY_CHECK(at::hasCUDA(), "pin_memory=true pins batches for copies to a GPU, but ",
                 why_no_cuda(), "; or set pin_memory=false");
   }
-  cuda_ = to_cuda || pin_memory;
-  if (!cuda_) return;
+  if (!to_cuda && !pin_memory) return;
   guard_.emplace(c10::DeviceType::CUDA);
   device_index_ = to_cuda && device->has_index() ? device->index() : guard_->getDevice().index();
   FERRY_CHECK(device_index_ >= 0 && device_index_ < guard_->deviceCount(),
@@ -123,7 +122,7 @@ DeviceStage::~DeviceStage() {
 }
 
 void DeviceStage::page_lock_later(std::shared_ptr<LockableRange> range) {
-  if (!cuda_ || range->requested_) return;
+  if (!device_ || range->requested_) return;
   range->requested_ = true;
   {
     const std::lock_guard<std::mutex> lock(lock_mutex_);

@@ -50,10 +50,10 @@ class LockableRange {
 };
 
 // The device stage (DESIGN.md): between the loader, which assembles host batches, and the
-// training loop. It page-locks recycled shared-memory segments, copies batches to a CUDA device on
-// one long-lived side stream as soon as they arrive, runs the device transforms there, and hands
-// each batch over with an event that the loop's stream waits on. It knows tensors and CUDA (through
-// LibTorch's device-generic API and the driver loaded at run time), nothing of workers.
+// training loop. With a CUDA device it page-locks recycled shared-memory segments, copies batches
+// there on one long-lived side stream as soon as they arrive, runs the device transforms there, and
+// hands each batch over with an event that the loop's stream waits on. It knows tensors and CUDA
+// (through LibTorch's device-generic API and the driver loaded at run time), nothing of workers.
 //
 // Not thread-safe except where noted: the loader calls it from the iterating thread.
 class DeviceStage {
@@ -101,11 +101,10 @@ class DeviceStage {
     Batch host;
   };
   std::optional<torch::Device> device_;  // a CUDA device with its index, or unset (host only)
-  bool pin_ = false;                     // host batches in page-locked memory
-  bool cuda_ = false;                    // pin_ or a CUDA device_
+  bool pin_ = false;                     // without a device: host batches as pinned copies
   int device_index_ = 0;                 // the CUDA device segments are page-locked for
   BatchTransforms transforms_;
-  std::optional<c10::impl::VirtualGuardImpl> guard_;  // CUDA's, where cuda_
+  std::optional<c10::impl::VirtualGuardImpl> guard_;  // CUDA's, with pin_memory or a device
   std::optional<c10::Stream> stream_;                 // the copy stream
   mutable std::mutex mutex_;
   std::deque<InFlight> in_flight_;  // in stream order, so completion is in order too
