@@ -18,9 +18,6 @@ constexpr std::uint32_t kPacketMagic = 0x46525931;  // "FRY1"
 constexpr std::size_t kPacketBytes = 32 * 1024;     // well below the socket's send buffer
 constexpr std::size_t kHeaderBytes = 8;             // magic, total length
 constexpr int kMaxFds = 8;
-// A peer in the middle of a message writes its next packet at once; one that has not within
-// this long is stopped or stuck, and waiting on would hang the reader (and its loader's close).
-constexpr std::chrono::milliseconds kContinuationWait{2000};
 
 int poll_one(int fd, short events, std::optional<Clock::time_point> deadline) {
   for (;;) {
@@ -47,25 +44,21 @@ std::pair<Channel, Channel> Channel::pair() {
   return {Channel(UniqueFd(fds[0])), Channel(UniqueFd(fds[1]))};
 }
 
-Channel::SendResult Channel::send(std::span<const std::byte> message,
-                                  std::span<const int> fds,
-                                  std::optional<Clock::time_point> deadline) {
+Channel::Write Channel::write_packets(Outgoing& out, std::span<const int> fds) {
   FERRY_ASSERT(fds.size() <= static_cast<std::size_t>(kMaxFds));
-  FERRY_ASSERT(message.size() <= UINT32_MAX);
+  FERRY_ASSERT(out.bytes.size() <= kMaxMessageBytes);
   std::byte header[kHeaderBytes];
-  const auto total = static_cast<std::uint32_t>(message.size());
+  const auto total = static_cast<std::uint32_t>(out.bytes.size());
   std::memcpy(header, &kPacketMagic, 4);
   std::memcpy(header + 4, &total, 4);
-
-  std::size_t sent = 0;  // payload bytes sent so far
-  bool first = true;
-  while (first || sent < message.size()) {
+  while (!out.started || out.sent < out.bytes.size()) {
+    const bool first = !out.started;
     const std::size_t room = kPacketBytes - (first ? kHeaderBytes : 0);
-    const std::size_t chunk = std::min(room, message.size() - sent);
+    const std::size_t chunk = std::min(room, out.bytes.size() - out.sent);
     iovec iov[2];
     int niov = 0;
     if (first) iov[niov++] = {header, kHeaderBytes};
-    if (chunk > 0) iov[niov++] = {const_cast<std::byte*>(message.data() + sent), chunk};
+    if (chunk > 0) iov[niov++] = {out.bytes.data() + out.sent, chunk};
     msghdr msg{};
     msg.msg_iov = iov;
     msg.msg_iovlen = static_cast<std::size_t>(niov);
@@ -82,31 +75,63 @@ Channel::SendResult Channel::send(std::span<const std::byte> message,
     const ssize_t n = ::sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0) {
       if (errno == EINTR) continue;
-      if (errno == EPIPE || errno == ECONNRESET || errno == ENOTCONN) return SendResult::kPeerGone;
-      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS) {
-        const int revents = poll_one(fd_.get(), POLLOUT, deadline);
-        if (revents == 0) return SendResult::kTimedOut;
-        if (revents & (POLLHUP | POLLERR)) return SendResult::kPeerGone;
-        continue;
-      }
+      if (errno == EPIPE || errno == ECONNRESET || errno == ENOTCONN) return Write::kPeerGone;
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == ENOBUFS) return Write::kWouldBlock;
       throw std::system_error(errno, std::generic_category(), "sendmsg on a channel");
     }
-    sent += chunk;
-    first = false;
+    out.sent += chunk;
+    out.started = true;
   }
-  return SendResult::kSent;
+  return Write::kDone;
 }
 
-bool Channel::receive(std::vector<std::byte>& message, std::vector<UniqueFd>& fds) {
-  message.clear();
+Channel::SendResult Channel::send(std::span<const std::byte> message,
+                                  std::span<const int> fds,
+                                  std::optional<Clock::time_point> deadline) {
+  FERRY_ASSERT(outbox_.empty(), "send() on a channel with posted messages queued");
+  Outgoing out;
+  out.bytes.assign(message.begin(), message.end());
+  for (;;) {
+    switch (write_packets(out, out.started ? std::span<const int>() : fds)) {
+      case Write::kDone:
+        return SendResult::kSent;
+      case Write::kPeerGone:
+        return SendResult::kPeerGone;
+      case Write::kWouldBlock:
+        break;
+    }
+    const int revents = poll_one(fd_.get(), POLLOUT, deadline);
+    if (revents == 0) return SendResult::kTimedOut;
+    if (revents & (POLLHUP | POLLERR)) return SendResult::kPeerGone;
+  }
+}
+
+bool Channel::post(std::vector<std::byte> message) {
+  outbox_.push_back(Outgoing{std::move(message)});
+  return flush();
+}
+
+bool Channel::flush() {
+  while (!outbox_.empty()) {
+    switch (write_packets(outbox_.front(), {})) {
+      case Write::kDone:
+        outbox_.pop_front();
+        break;
+      case Write::kWouldBlock:
+        return true;
+      case Write::kPeerGone:
+        outbox_.clear();
+        return false;
+    }
+  }
+  return true;
+}
+
+Channel::Received Channel::try_receive(std::vector<std::byte>& message,
+                                       std::vector<UniqueFd>& fds) {
   if (!packet_) packet_ = std::make_unique_for_overwrite<std::byte[]>(kPacketBytes);
   std::byte* packet = packet_.get();
-  std::size_t expected = 0;
-  bool first = true;
-  while (first || message.size() < expected) {
-    if (!first && poll_one(fd_.get(), POLLIN, Clock::now() + kContinuationWait) == 0) {
-      throw Error("channel: the peer stopped in the middle of a message (nothing for 2 s)");
-    }
+  for (;;) {
     iovec iov{packet, kPacketBytes};
     msghdr msg{};
     msg.msg_iov = &iov;
@@ -114,45 +139,80 @@ bool Channel::receive(std::vector<std::byte>& message, std::vector<UniqueFd>& fd
     alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFds)];
     msg.msg_control = control;
     msg.msg_controllen = sizeof control;
-    const ssize_t n = ::recvmsg(fd_.get(), &msg, MSG_CMSG_CLOEXEC);
+    const ssize_t n = ::recvmsg(fd_.get(), &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
     if (n < 0) {
       if (errno == EINTR) continue;
-      if (errno == ECONNRESET) return false;
-      throw std::system_error(errno, std::generic_category(), "recvmsg on a channel");
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return Received::kNotYet;
+      if (errno != ECONNRESET) {
+        throw std::system_error(errno, std::generic_category(), "recvmsg on a channel");
+      }
     }
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); n > 0 && c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
       if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
         const std::size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
         for (std::size_t i = 0; i < count; ++i) {
           int received;
           std::memcpy(&received, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-          fds.emplace_back(received);
+          partial_fds_.emplace_back(received);
         }
       }
     }
-    if (n == 0) {
-      if (first) return false;  // the peer closed between messages
-      throw Error("channel: the peer closed in the middle of a message");
+    if (n <= 0) {  // the peer closed (between messages, or part-way through one)
+      closed_mid_message_ = in_message_;
+      in_message_ = false;
+      partial_.clear();
+      partial_fds_.clear();
+      return Received::kClosed;
     }
     if (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
       throw Error("channel: a packet or its descriptors were truncated");
     }
     std::size_t offset = 0;
-    if (first) {
+    if (!in_message_) {
       std::uint32_t magic = 0, total = 0;
       if (static_cast<std::size_t>(n) < kHeaderBytes) throw Error("channel: short packet header");
       std::memcpy(&magic, packet, 4);
       std::memcpy(&total, packet + 4, 4);
       if (magic != kPacketMagic) throw Error("channel: bad packet magic; not a ferry peer?");
-      expected = total;
-      message.reserve(expected);
+      if (total > kMaxMessageBytes) {
+        throw Error(detail::str("channel: a message header claims ", total,
+                                " bytes, more than the limit of ", kMaxMessageBytes,
+                                "; the peer is corrupt or not a ferry peer"));
+      }
+      expected_ = total;
+      partial_.clear();
+      // Grown as packets come, not reserved at the size a header claims.
+      partial_.reserve(std::min<std::size_t>(expected_, 64 * kPacketBytes));
       offset = kHeaderBytes;
-      first = false;
+      in_message_ = true;
     }
-    message.insert(message.end(), packet + offset, packet + n);
-    if (message.size() > expected) throw Error("channel: message longer than its header says");
+    if (partial_.size() + (static_cast<std::size_t>(n) - offset) > expected_) {
+      throw Error("channel: message longer than its header says");
+    }
+    partial_.insert(partial_.end(), packet + offset, packet + n);
+    if (partial_.size() == expected_) {
+      in_message_ = false;
+      message.swap(partial_);
+      partial_.clear();
+      for (auto& fd : partial_fds_) fds.push_back(std::move(fd));
+      partial_fds_.clear();
+      return Received::kMessage;
+    }
   }
-  return true;
+}
+
+bool Channel::receive(std::vector<std::byte>& message, std::vector<UniqueFd>& fds) {
+  for (;;) {
+    switch (try_receive(message, fds)) {
+      case Received::kMessage:
+        return true;
+      case Received::kClosed:
+        return false;
+      case Received::kNotYet:
+        (void)poll_one(fd_.get(), POLLIN, std::nullopt);
+        break;
+    }
+  }
 }
 
 bool Channel::spin_until_readable(std::chrono::microseconds spin) const {

@@ -65,11 +65,10 @@ MultiProcessEpoch::MultiProcessEpoch(std::shared_ptr<LoaderState> state, std::ui
     } else {
       // The epoch handshake: tasks carry their epoch, and anything still in flight from an
       // earlier epoch is recycled on arrival, never delivered; iterable streams restart.
-      const auto bytes = ipc::encode(ipc::IndexMessage(ipc::NewEpochMessage{epoch_}));
       for (auto& w : pool_->workers) {
         w.exhausted = false;
         w.undelivered = 0;
-        if (!w.dead && w.index.send(bytes) != ipc::Channel::SendResult::kSent) worker_gone(w);
+        if (!w.dead) post(w, ipc::encode(ipc::IndexMessage(ipc::NewEpochMessage{epoch_})));
       }
     }
   } else {
@@ -267,24 +266,21 @@ void MultiProcessEpoch::dispatch_iterable() {
   }
 }
 
-bool MultiProcessEpoch::send_task(WorkerSlot& w,
+void MultiProcessEpoch::send_task(WorkerSlot& w,
                                   std::uint64_t sequence,
                                   std::vector<std::int64_t> indices) {
-  const auto bytes = ipc::encode(
+  auto bytes = ipc::encode(
       ipc::IndexMessage(ipc::TaskMessage{epoch_, sequence, indices, std::move(w.recycled)}));
   w.recycled.clear();
   w.in_flight.push_back(TaskRecord{token_, epoch_, sequence, std::move(indices)});
-  std::optional<ipc::Clock::time_point> deadline;
-  if (state_->options.timeout.count() > 0) deadline = ipc::Clock::now() + state_->options.timeout;
-  switch (w.index.send(bytes, {}, deadline)) {
-    case ipc::Channel::SendResult::kSent:
-      return true;
-    case ipc::Channel::SendResult::kPeerGone:
-      worker_gone(w);
-    case ipc::Channel::SendResult::kTimedOut:
-      timed_out(state_->options.timeout);
-  }
-  return false;
+  post(w, std::move(bytes));
+}
+
+void MultiProcessEpoch::post(WorkerSlot& w, std::vector<std::byte> bytes) {
+  // Never blocks: what the worker's index channel cannot take now waits in its queue and goes
+  // out when the channel is writable, inside the same wait that reads the workers' replies. A
+  // worker blocked sending a reply while this process blocked sending it a task would hang both.
+  if (!w.index.post(std::move(bytes))) worker_gone(w);
 }
 
 bool MultiProcessEpoch::wait_and_receive(std::optional<ipc::Clock::time_point> deadline) {
@@ -295,6 +291,8 @@ bool MultiProcessEpoch::wait_and_receive(std::optional<ipc::Clock::time_point> d
   for (const auto& w : workers) {
     fds.push_back({w.dead ? -1 : w.data.fd(), POLLIN, 0});
     fds.push_back({w.dead ? -1 : w.process.pidfd(), POLLIN, 0});
+    // Its index channel, while tasks or recycles wait to go out on it.
+    fds.push_back({w.dead || !w.index.has_queued() ? -1 : w.index.fd(), POLLOUT, 0});
   }
   // With a core to spare, poll briefly before sleeping: the next batch is usually microseconds
   // away, and a sleep and wake-up cost more than the wait (see Channel::spin_until_readable).
@@ -320,24 +318,33 @@ bool MultiProcessEpoch::wait_and_receive(std::optional<ipc::Clock::time_point> d
   }
   for (std::size_t i = 0; i < workers.size(); ++i) {
     WorkerSlot& w = workers[i];
-    const short data = fds[1 + 2 * i].revents;
-    const short death = fds[2 + 2 * i].revents;
-    if (data & POLLIN) receive_from(w);
-    if ((death & POLLIN) || (data & (POLLHUP | POLLERR))) worker_gone(w);
+    const short data = fds[1 + 3 * i].revents;
+    const short death = fds[2 + 3 * i].revents;
+    const short index = fds[3 + 3 * i].revents;
+    if (data & POLLIN) (void)receive_from(w);  // first: a worker sending a reply reads no task
+    if ((death & POLLIN) || (data & (POLLHUP | POLLERR)) || (index & (POLLHUP | POLLERR))) {
+      worker_gone(w);
+    }
+    if ((index & POLLOUT) && !w.index.flush()) worker_gone(w);
   }
   return false;
 }
 
-void MultiProcessEpoch::receive_from(WorkerSlot& w) {
-  std::vector<std::byte> bytes;
+bool MultiProcessEpoch::receive_from(WorkerSlot& w) {
+  std::vector<std::byte>& bytes = message_;  // reused: this runs once per message
   std::vector<ipc::UniqueFd> fds;
-  bool got = false;
+  ipc::Channel::Received got = ipc::Channel::Received::kNotYet;
   try {
-    got = w.data.receive(bytes, fds);
-  } catch (...) {
-    fail(std::current_exception());
+    got = w.data.try_receive(bytes, fds);
+  } catch (const std::exception& e) {
+    fail(std::make_exception_ptr(
+        Error(detail::str("DataLoader worker ", w.id, " (pid ", w.process.pid(),
+                          ") sent a malformed message on its data channel: ", e.what(),
+                          "; this is a bug in ferry or memory corruption in the worker"))));
   }
-  if (!got) worker_died(w);
+  if (got == ipc::Channel::Received::kNotYet) return false;  // the rest of it is on its way
+  // Closed, even part-way through a message: the worker is gone; its exit says how.
+  if (got == ipc::Channel::Received::kClosed) worker_died(w);
   try {
     handle_message(w, bytes, fds);
   } catch (...) {
@@ -346,6 +353,7 @@ void MultiProcessEpoch::receive_from(WorkerSlot& w) {
     if (failed_) throw;
     fail(std::current_exception());
   }
+  return true;
 }
 
 void MultiProcessEpoch::handle_message(WorkerSlot& w,
@@ -532,7 +540,8 @@ void MultiProcessEpoch::check_handshake(WorkerSlot& w, const ipc::WorkerReadyMes
 }
 
 void MultiProcessEpoch::worker_gone(WorkerSlot& w) {
-  while (w.data.valid() && w.data.readable_now()) receive_from(w);
+  while (w.data.valid() && receive_from(w)) {
+  }
   worker_died(w);
 }
 

@@ -47,13 +47,16 @@ class MultiProcessEpoch final : public EpochIterator {
   void dispatch();
   void dispatch_map();
   void dispatch_iterable();
-  bool send_task(WorkerSlot& w, std::uint64_t sequence, std::vector<std::int64_t> indices);
+  void send_task(WorkerSlot& w, std::uint64_t sequence, std::vector<std::int64_t> indices);
+  // Queues a message to worker `w` without blocking; a worker found gone is reported.
+  void post(WorkerSlot& w, std::vector<std::byte> bytes);
   // Waits for messages until `deadline`; true if it passed with none.
   bool wait_and_receive(std::optional<ipc::Clock::time_point> deadline);
   // The worker and task the loop waits for (in order: the next batch), or nulls.
   std::pair<WorkerSlot*, const TaskRecord*> waited_on();
   [[noreturn]] void startup_timed_out();
-  void receive_from(WorkerSlot& w);
+  // Reads what worker `w` sent; true if a whole message was handled.
+  bool receive_from(WorkerSlot& w);
   void handle_message(WorkerSlot& w,
                       std::vector<std::byte>& bytes,
                       std::vector<ipc::UniqueFd>& fds);
@@ -82,6 +85,7 @@ class MultiProcessEpoch final : public EpochIterator {
   static constexpr std::chrono::microseconds kSpinBeforeSleep{50};
   bool failed_ = false;
   std::vector<pollfd> pollfds_;
+  std::vector<std::byte> message_;  // the last message received, its buffer reused
 };
 
 }  // namespace ferry::detail

@@ -142,10 +142,9 @@ void WorkerPool::start_fresh_worker(const workers::WorkerSpec& spec,
   --ready_workers;
   ipc::SetupMessage setup =
       workers::setup_message(spec, state_.dataset_config, state_.collate_config);
-  // Queued in the socket: the worker reads it once it has started. If it died already, the
-  // death is reported by the epoch's wait, with the "before its handshake" note.
-  (void)slot.index.send(ipc::encode(ipc::IndexMessage(std::move(setup))), {},
-                        ipc::Clock::now() + std::chrono::seconds(5));
+  // Queued: the worker reads it once it has started. If it died already, the death is reported
+  // by the epoch's wait, with the "before its handshake" note.
+  (void)slot.index.post(ipc::encode(ipc::IndexMessage(std::move(setup))));
 }
 
 namespace {
@@ -168,12 +167,11 @@ void WorkerPool::shutdown() noexcept {
 void WorkerPool::request_stop() noexcept {
   if (stop_requested_) return;
   stop_requested_ = true;
-  const auto stop = ipc::encode(ipc::IndexMessage(ipc::StopMessage{}));
-  const auto soon = ipc::Clock::now() + std::chrono::milliseconds(20);
   for (auto& w : workers) {
     if (!w.index.valid()) continue;
     try {
-      (void)w.index.send(stop, {}, soon);
+      // Without blocking: a worker whose index channel is full gets the EOF below instead.
+      (void)w.index.post(ipc::encode(ipc::IndexMessage(ipc::StopMessage{})));
     } catch (...) {
     }
     workers::unregister_parent_only_fd(w.index.fd());
@@ -227,8 +225,8 @@ void WorkerPool::send_recycles() {
   for (auto& w : workers) {
     if (w.recycled.empty()) continue;
     if (!w.dead && w.index.valid()) {
-      const auto bytes = ipc::encode(ipc::IndexMessage(ipc::RecycleMessage{w.recycled}));
-      (void)w.index.send(bytes);
+      // A worker found gone here is reported by the epoch's wait (its pidfd).
+      (void)w.index.post(ipc::encode(ipc::IndexMessage(ipc::RecycleMessage{w.recycled})));
     }
     w.recycled.clear();
   }

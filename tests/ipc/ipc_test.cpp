@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -125,6 +126,59 @@ TEST(Channel, SendToAPeerThatStoppedReadingTimesOutAndToAGoneOneSaysSo) {
   b.close();
   EXPECT_EQ(a.send(chunk, {}, Clock::now() + std::chrono::milliseconds(50)),
             Channel::SendResult::kPeerGone);
+}
+
+TEST(Channel, PostNeverBlocksAndFlushDeliversInOrderOnceThePeerReads) {
+  // Two peers that each post far more than a socket buffer holds, then read: neither blocks.
+  auto [a, b] = Channel::pair();
+  std::vector<std::vector<std::byte>> sent;
+  for (int i = 0; i < 8; ++i) {
+    sent.emplace_back(200'000 + static_cast<std::size_t>(i), static_cast<std::byte>(i));
+    ASSERT_TRUE(a.post(sent.back()));
+  }
+  EXPECT_TRUE(a.has_queued());  // 1.6 MB cannot all be in the socket yet
+  std::vector<std::byte> got;
+  std::vector<UniqueFd> fds;
+  for (std::size_t k = 0; k < sent.size();) {
+    ASSERT_TRUE(a.flush());
+    switch (b.try_receive(got, fds)) {
+      case Channel::Received::kMessage:
+        ASSERT_EQ(got, sent[k]) << "message " << k;
+        ++k;
+        break;
+      case Channel::Received::kNotYet:
+        break;
+      case Channel::Received::kClosed:
+        FAIL() << "closed";
+    }
+  }
+  EXPECT_FALSE(a.has_queued());
+  EXPECT_EQ(b.try_receive(got, fds), Channel::Received::kNotYet);
+}
+
+TEST(Channel, APeerThatClosesPartWayThroughAMessageIsClosedNotAnError) {
+  auto [a, b] = Channel::pair();
+  ASSERT_TRUE(a.post(std::vector<std::byte>(2'000'000)));  // only part of it fits
+  ASSERT_TRUE(a.has_queued());
+  std::vector<std::byte> got;
+  std::vector<UniqueFd> fds;
+  EXPECT_EQ(b.try_receive(got, fds), Channel::Received::kNotYet);  // the first packets kept
+  a.close();
+  EXPECT_EQ(b.try_receive(got, fds), Channel::Received::kClosed);
+  EXPECT_TRUE(b.closed_mid_message());
+}
+
+TEST(Channel, AHeaderClaimingMoreThanTheLimitIsRefusedWithoutAllocatingIt) {
+  int fds[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, fds), 0);
+  Channel b{UniqueFd(fds[1])};
+  const std::uint32_t header[2] = {0x46525931, 0xFFFFFFF0u};  // magic, ~4 GiB
+  ASSERT_EQ(::write(fds[0], header, sizeof header), static_cast<ssize_t>(sizeof header));
+  std::vector<std::byte> got;
+  std::vector<UniqueFd> received;
+  EXPECT_THAT([&] { (void)b.try_receive(got, received); },
+              ThrowsMessage<Error>(HasSubstr("more than the limit")));
+  ::close(fds[0]);
 }
 
 TEST(SharedMemory, IsAnonymousCloseOnExecAndSized) {
