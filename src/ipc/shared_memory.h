@@ -35,8 +35,10 @@ class MappedRegion {
 
 /// An anonymous shared-memory segment: a memfd (close-on-exec) whose size is reserved with
 /// fallocate before anyone writes, so a full machine is a `ferry::SharedMemoryError` naming the
-/// bytes asked for and free, never a SIGBUS. Where memfd_create is missing, a POSIX shm object
-/// with a unique name, unlinked at once. Either way nothing is left in /dev/shm after a crash.
+/// bytes asked for and the room left, never a SIGBUS, and then sealed against shrinking and
+/// growing, so a process that maps it at its size can trust that size for good. Where
+/// memfd_create is missing, a POSIX shm object with a unique name, unlinked at once (it cannot
+/// be sealed). Either way nothing is left in /dev/shm after a crash.
 class SharedMemory {
  public:
   SharedMemory() = default;
@@ -51,6 +53,12 @@ class SharedMemory {
   UniqueFd fd_;
   std::size_t size_ = 0;
 };
+
+/// The size of a segment received from another process, measured here (fstat), for mapping it
+/// at no more than its real size. Throws ferry::Error if it is not a regular file, or if it is a
+/// memfd that is not sealed against shrinking (the sender could cut it short under the mapping,
+/// and reading there would be a SIGBUS); std::system_error if fstat fails.
+std::size_t measure_received_segment(int fd);
 
 namespace fault {
 /// Test hook: the next `count` SharedMemory::create calls in this process (and in processes

@@ -12,6 +12,7 @@
 
 #include "device/cuda_driver.h"
 #include "ipc/protocol.h"
+#include "loader/batch_message.h"
 #include "workers/worker_loop.h"
 
 namespace ferry::detail {
@@ -396,18 +397,39 @@ void MultiProcessEpoch::handle_message(WorkerSlot& w,
     } else {
       std::shared_ptr<MappedSegment> mapping;
       bool reused = false;
-      if (!fds.empty()) {
-        mapping = std::make_shared<MappedSegment>(
-            ipc::MappedRegion::map_shared(fds.front().get(), m->segment_size, true));
-        w.segments[m->segment_id] = mapping;
-      } else if (auto it = w.segments.find(m->segment_id); it != w.segments.end()) {
-        mapping = it->second;
-        reused = true;
-      } else {
+      const auto segment = w.segments.find(m->segment_id);
+      if (fds.size() > 1 || (fds.size() == 1) == (segment != w.segments.end())) {
         fail(std::make_exception_ptr(Error(detail::str(
-            "DataLoader worker ", w.id, " sent a batch in unknown segment ", m->segment_id))));
+            worker_name(w), " sent batch ", m->sequence, " in segment ", m->segment_id, " with ",
+            fds.size(), " descriptors, which ",
+            segment != w.segments.end() ? "this process has mapped already" : "it never sent",
+            "; the message is corrupt: a bug in ferry or memory corruption in the worker"))));
       }
-      for (const auto id : m->retired_segments) w.segments.erase(id);
+      if (!fds.empty()) {
+        // Mapped at the size measured here, never the size the message claims: a segment
+        // sealed against shrinking cannot be cut short under the mapping (SIGBUS).
+        std::size_t size = 0;
+        try {
+          size = ipc::measure_received_segment(fds.front().get());
+        } catch (const Error& e) {
+          fail(std::make_exception_ptr(Error(detail::str(worker_name(w), ": ", e.what()))));
+        }
+        if (size != m->segment_size) {
+          fail(std::make_exception_ptr(
+              Error(detail::str(worker_name(w), " sent segment ", m->segment_id, " as ",
+                                m->segment_size, " bytes, but it is ", size,
+                                "; the message is corrupt: a bug in ferry or memory corruption"))));
+        }
+        mapping = std::make_shared<MappedSegment>(
+            ipc::MappedRegion::map_shared(fds.front().get(), size, true));
+        w.segments[m->segment_id] = mapping;
+      } else {
+        mapping = segment->second;
+        reused = true;
+      }
+      for (const auto id : m->retired_segments) {
+        if (id != m->segment_id) w.segments.erase(id);
+      }
       auto lease = std::make_shared<SegmentLease>();
       lease->mapping = mapping;
       lease->queue = pool_->recycle;
@@ -423,21 +445,8 @@ void MultiProcessEpoch::handle_message(WorkerSlot& w,
             std::shared_ptr<device::LockableRange>(mapping, &mapping->page_lock));
       }
       result.skipped = std::move(m->skipped);
-      Batch batch(m->num_samples);
-      for (auto& f : m->fields) {
-        if (f.dtype < 0) {
-          batch.set(f.name, std::move(f.strings));
-          continue;
-        }
-        if (f.offset + f.nbytes > region.size()) {
-          fail(std::make_exception_ptr(Error(detail::str("DataLoader worker ", w.id, ": field '",
-                                                         f.name, "' lies outside its segment"))));
-        }
-        batch.set(f.name, at::from_blob(
-                              region.data() + f.offset, f.sizes, [lease](void*) {},
-                              at::TensorOptions().dtype(static_cast<c10::ScalarType>(f.dtype))));
-      }
-      batch.set_indices(std::move(m->indices));
+      // Every field is checked against the segment as this process measured it.
+      Batch batch = open_batch(*m, region.data(), region.size(), lease, worker_name(w));
       batch.set_position(epoch_, m->sequence);
       if (!stage) {
         result.batch = device::StagedBatch{std::move(batch), nullptr};
@@ -466,7 +475,10 @@ void MultiProcessEpoch::handle_message(WorkerSlot& w,
                                          ") raised ", m->type_name, " ", where, " of epoch ",
                                          epoch_, ": ", m->message, cuda_advice(w, m->message));
     if (m->type_name == "ferry::SharedMemoryError") {
-      result.error = std::make_exception_ptr(SharedMemoryError(what));
+      result.error =
+          std::make_exception_ptr(SharedMemoryError(
+              what + ". Lower batch_size, prefetch_factor or num_workers, or give the job more "
+                     "memory (a container's memory limit)"));
     } else {
       result.error = std::make_exception_ptr(WorkerError(what, std::move(failure)));
     }
@@ -502,6 +514,10 @@ WorkerFailure MultiProcessEpoch::failure_of(const WorkerSlot& w) const {
     failure.indices.insert(failure.indices.end(), task.indices.begin(), task.indices.end());
   }
   return failure;
+}
+
+std::string MultiProcessEpoch::worker_name(const WorkerSlot& w) {
+  return detail::str("DataLoader worker ", w.id, " (pid ", w.process.pid(), ")");
 }
 
 std::string MultiProcessEpoch::cuda_advice(const WorkerSlot& w, const std::string& message) {
@@ -574,7 +590,9 @@ void MultiProcessEpoch::worker_died(WorkerSlot& w) {
         "; SIGKILL that ferry did not send usually means the kernel's out-of-memory killer "
         "(check dmesg; lower batch_size, num_workers or prefetch_factor)";
   } else if (status->signal == SIGBUS) {
-    hint = "; SIGBUS in a worker usually means shared memory ran out (/dev/shm)";
+    hint =
+        "; SIGBUS in a worker usually means memory for shared segments ran out (the memory "
+        "cgroup's limit, or /dev/shm without memfd)";
   }
   if (!w.ready) {
     hint += detail::str("; it died before its handshake, while starting (start_method=",

@@ -67,6 +67,7 @@ class MultiProcessEpoch final : public EpochIterator {
   [[noreturn]] void timed_out(std::chrono::milliseconds waited);
   [[noreturn]] void fail(std::exception_ptr error);
   WorkerFailure failure_of(const WorkerSlot& w) const;
+  static std::string worker_name(const WorkerSlot& w);  // "DataLoader worker 2 (pid 4121)"
   // Advice for an error of worker `w` that names CUDA, if `w` was forked after CUDA started.
   static std::string cuda_advice(const WorkerSlot& w, const std::string& message);
 

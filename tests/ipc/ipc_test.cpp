@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -192,6 +193,25 @@ TEST(SharedMemory, IsAnonymousCloseOnExecAndSized) {
   std::memset(mapping.data(), 0xAB, mapping.size());
 }
 
+TEST(SharedMemory, IsSealedSoThatAReceiverCanTrustTheSizeItMeasures) {
+  auto memory = SharedMemory::create(1 << 20, "ferry-test");
+  EXPECT_NE(::ftruncate(memory.fd(), 4096), 0) << "a segment could be cut short under a mapping";
+  EXPECT_NE(::ftruncate(memory.fd(), 2 << 20), 0);
+  EXPECT_EQ(measure_received_segment(memory.fd()), std::size_t{1} << 20);
+  // An unsealed memfd (a sender that could shrink it) is refused; so is something else.
+  UniqueFd unsealed(::memfd_create("unsealed", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  ASSERT_TRUE(unsealed.valid());
+  ASSERT_EQ(::ftruncate(unsealed.get(), 4096), 0);
+  EXPECT_THAT([&] { measure_received_segment(unsealed.get()); },
+              ThrowsMessage<Error>(HasSubstr("not sealed against shrinking")));
+  int pipe_fds[2];
+  ASSERT_EQ(::pipe(pipe_fds), 0);
+  EXPECT_THAT([&] { measure_received_segment(pipe_fds[0]); },
+              ThrowsMessage<Error>(HasSubstr("not a shared-memory file")));
+  ::close(pipe_fds[0]);
+  ::close(pipe_fds[1]);
+}
+
 TEST(SharedMemory, TheShmOpenFallbackLeavesNoNameBehind) {
   fault::pretend_memfd_is_missing(true);
   auto count_ferry_names = [] {
@@ -217,6 +237,15 @@ TEST(SharedMemory, NoSpaceIsAClearError) {
   EXPECT_THAT([] { SharedMemory::create(3 << 20, "full"); },
               ThrowsMessage<SharedMemoryError>(HasSubstr("cannot reserve 3.0 MiB")));
   EXPECT_NO_THROW(SharedMemory::create(3 << 20, "fine"));
+  // A memfd's pages count against memory; only the fallback's against /dev/shm.
+  fault::fail_next_allocations(1);
+  EXPECT_THAT([] { SharedMemory::create(4096, "full"); },
+              ThrowsMessage<SharedMemoryError>(HasSubstr("of memory available")));
+  fault::pretend_memfd_is_missing(true);
+  fault::fail_next_allocations(1);
+  EXPECT_THAT([] { SharedMemory::create(4096, "full"); },
+              ThrowsMessage<SharedMemoryError>(HasSubstr("free in /dev/shm")));
+  fault::pretend_memfd_is_missing(false);
 }
 
 TEST(ChildProcess, ReapsAndDescribesHowAChildEnded) {
