@@ -31,7 +31,8 @@ struct SkippedSample {
 struct LoaderStats {
   std::size_t batches = 0;  ///< batches handed to the training loop
   std::size_t samples = 0;  ///< samples in them
-  std::size_t skipped = 0;  ///< samples left out under on_error = skip
+  std::size_t skipped = 0;  ///< samples left out under on_error = skip, all of them
+  /// The most recent of them, oldest first: at most `skipped_history` (0: every one).
   std::vector<SkippedSample> skipped_samples;
 };
 

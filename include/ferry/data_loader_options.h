@@ -79,6 +79,9 @@ struct DataLoaderOptions {
   /// are counted and listed in DataLoader::stats(); a batch holds the samples that loaded (a
   /// batch whose every sample was skipped is not delivered). Map-style datasets only.
   OnError on_error = OnError::kRaise;
+  /// Not in PyTorch: how many of the most recent skipped samples DataLoader::stats() lists (it
+  /// counts them all), so a long run's memory and stats() stay bounded; 0 lists every one.
+  std::size_t skipped_history = 100;
 };
 
 /// Checks `options` against PyTorch's rules and fills in derived defaults (prefetch_factor, seed).

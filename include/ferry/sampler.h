@@ -3,11 +3,25 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
 
 namespace ferry {
+
+/// One epoch's dataset indices, read by position. ferry's samplers compute theirs on demand
+/// (sequential, distributed order) or hold one permutation, never a copy of it, so an epoch of
+/// 10^9 samples costs nothing (or one permutation) before its first batch.
+class IndexOrder {
+ public:
+  virtual ~IndexOrder() = default;
+  virtual std::size_t size() const = 0;
+  /// Writes the indices at positions [start, start + out.size()) to `out`; the range must lie
+  /// within size().
+  virtual void read(std::size_t start, std::span<std::int64_t> out) const = 0;
+};
 
 /// Yields the dataset indices of one epoch. ferry's samplers follow torch.utils.data's names and
 /// semantics, and given a seed they yield exactly the indices PyTorch's do (tests/golden/).
@@ -21,6 +35,9 @@ class Sampler {
   /// Number of indices per epoch (`len(sampler)`).
   virtual std::size_t size() const = 0;
   virtual std::vector<std::int64_t> indices(std::uint64_t epoch) = 0;
+  /// The same indices as an order read by position; the loader reads one batch at a time. The
+  /// default holds `indices(epoch)`; ferry's samplers override it to skip that list.
+  virtual std::shared_ptr<const IndexOrder> order(std::uint64_t epoch);
 };
 
 /// 0, 1, ..., n-1.
@@ -29,6 +46,7 @@ class SequentialSampler : public Sampler {
   explicit SequentialSampler(std::size_t size) : size_(size) {}
   std::size_t size() const override { return size_; }
   std::vector<std::int64_t> indices(std::uint64_t epoch) override;
+  std::shared_ptr<const IndexOrder> order(std::uint64_t epoch) override;  // computed, O(1)
 
  private:
   std::size_t size_;
@@ -36,19 +54,30 @@ class SequentialSampler : public Sampler {
 
 /// A generator that continues from one epoch to the next, as a `torch.Generator` passed to a
 /// PyTorch sampler does: epoch `e` sees the state after epochs 0..e-1 have drawn. The state after
-/// the last epoch is cached, so consecutive epochs cost nothing extra; jumping back replays.
+/// the last epoch is kept, so consecutive epochs cost nothing extra; jumping back replays (the
+/// draws are repeated, their results dropped at once).
 class EpochGenerator {
  public:
   explicit EpochGenerator(std::uint64_t seed) : seed_(seed) {}
   std::uint64_t seed() const noexcept { return seed_; }
-  /// Runs `draw(generator)` for every epoch up to `epoch`, returning what the last one drew.
+  /// Returns what `draw(generator)` draws for epoch `epoch`, after replaying every earlier epoch
+  /// not yet drawn (`draw`, then `finish`). `finish(generator)` makes the draws PyTorch makes
+  /// at the end of an epoch, which change none of its indices (RandomSampler's final empty
+  /// chunk); they are made only when a later epoch is asked for.
+  template <class Draw, class Finish>
+  auto at_epoch(std::uint64_t epoch, Draw&& draw, Finish&& finish)
+      -> decltype(draw(std::declval<at::Generator&>()));
   template <class Draw>
-  auto at_epoch(std::uint64_t epoch, Draw&& draw) -> decltype(draw(std::declval<at::Generator&>()));
+  auto at_epoch(std::uint64_t epoch, Draw&& draw)
+      -> decltype(draw(std::declval<at::Generator&>())) {
+    return at_epoch(epoch, std::forward<Draw>(draw), [](at::Generator&) {});
+  }
 
  private:
   std::uint64_t seed_;
-  std::optional<at::Generator> generator_;  // state at the start of epoch `next_epoch_`
+  std::optional<at::Generator> generator_;  // state at the start of epoch `next_epoch_`...
   std::uint64_t next_epoch_ = 0;
+  bool finish_pending_ = false;  // ...once the previous epoch's finishing draws are made
 
   at::Generator& rewind_to(std::uint64_t epoch);
 };
@@ -68,6 +97,7 @@ class RandomSampler : public Sampler {
       : RandomSampler(data_size, seed, Options{}) {}
   std::size_t size() const override { return num_samples_; }
   std::vector<std::int64_t> indices(std::uint64_t epoch) override;
+  std::shared_ptr<const IndexOrder> order(std::uint64_t epoch) override;  // one permutation
 
  private:
   std::size_t data_size_;
@@ -80,11 +110,12 @@ class RandomSampler : public Sampler {
 class SubsetRandomSampler : public Sampler {
  public:
   SubsetRandomSampler(std::vector<std::int64_t> subset, std::uint64_t seed);
-  std::size_t size() const override { return subset_.size(); }
+  std::size_t size() const override { return subset_->size(); }
   std::vector<std::int64_t> indices(std::uint64_t epoch) override;
+  std::shared_ptr<const IndexOrder> order(std::uint64_t epoch) override;
 
  private:
-  std::vector<std::int64_t> subset_;
+  std::shared_ptr<const std::vector<std::int64_t>> subset_;
   EpochGenerator generator_;
 };
 
@@ -100,6 +131,7 @@ class WeightedRandomSampler : public Sampler {
                         bool replacement = true);
   std::size_t size() const override { return num_samples_; }
   std::vector<std::int64_t> indices(std::uint64_t epoch) override;
+  std::shared_ptr<const IndexOrder> order(std::uint64_t epoch) override;
 
  private:
   at::Tensor weights_;
@@ -130,6 +162,8 @@ class DistributedSampler : public Sampler {
 
   std::size_t size() const override { return num_samples_; }
   std::vector<std::int64_t> indices(std::uint64_t epoch) override;
+  /// Computed by position; with `shuffle`, over one permutation of the dataset.
+  std::shared_ptr<const IndexOrder> order(std::uint64_t epoch) override;
   std::size_t num_replicas() const noexcept { return num_replicas_; }
   std::size_t rank() const noexcept { return rank_; }
   /// Indices per rank before padding or dropping, times num_replicas.
@@ -171,16 +205,22 @@ class BatchSampler {
   bool drop_last_ = false;
 };
 
-template <class Draw>
-auto EpochGenerator::at_epoch(std::uint64_t epoch, Draw&& draw)
+template <class Draw, class Finish>
+auto EpochGenerator::at_epoch(std::uint64_t epoch, Draw&& draw, Finish&& finish)
     -> decltype(draw(std::declval<at::Generator&>())) {
   at::Generator& generator = rewind_to(epoch);
+  if (finish_pending_) {
+    finish(generator);
+    finish_pending_ = false;
+  }
   while (next_epoch_ < epoch) {
     (void)draw(generator);
+    finish(generator);
     ++next_epoch_;
   }
   auto result = draw(generator);
   ++next_epoch_;
+  finish_pending_ = true;
   return result;
 }
 

@@ -181,6 +181,11 @@ const TypeInfo& loader_keys() {
            .default_value = "raise",
            .help = "a sample whose loading throws: raise, or skip it (recorded)",
            .choices = {"raise", "skip"}},
+          {.name = "skipped_history",
+           .type = ValueType::kInt,
+           .default_value = 100,
+           .help = "most recent skipped samples listed in the stats (all are counted); 0: all",
+           .min = 0},
       }};
   return info;
 }
@@ -387,6 +392,7 @@ Pipeline build_pipeline(Config root,
       std::chrono::milliseconds(std::llround(args.get<double>("sample_timeout") * 1000.0));
   options.worker_threads = args.get<std::size_t>("worker_threads");
   options.on_error = args.get<std::string>("on_error") == "skip" ? OnError::kSkip : OnError::kRaise;
+  options.skipped_history = args.get<std::size_t>("skipped_history");
   const Config* device_node = root.find("device_transforms");
   auto [device_steps, resolved_device_transforms] =
       build_device_transforms(device_node ? *device_node : Config());

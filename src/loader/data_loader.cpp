@@ -249,7 +249,8 @@ LoaderStats DataLoader::stats() const {
   LoaderStats out;
   {
     const std::lock_guard<std::mutex> lock(state_->stats_mutex);
-    out = state_->stats;
+    out.skipped = state_->skipped;
+    out.skipped_samples.assign(state_->recent_skipped.begin(), state_->recent_skipped.end());
   }
   out.batches = state_->delivered_batches.load(std::memory_order_relaxed);
   out.samples = state_->delivered_samples.load(std::memory_order_relaxed);

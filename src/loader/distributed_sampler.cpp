@@ -1,6 +1,5 @@
 #include <charconv>
 #include <cstdlib>
-#include <numeric>
 #include <string_view>
 
 #include <ATen/ATen.h>
@@ -59,27 +58,9 @@ DistributedSampler::DistributedSampler(std::size_t data_size, Options options)
 }
 
 std::vector<std::int64_t> DistributedSampler::indices(std::uint64_t epoch) {
-  std::vector<std::int64_t> order;
-  if (shuffle_) {
-    at::Generator gen = at::detail::createCPUGenerator(seed_ + epoch);
-    const at::Tensor perm = at::randperm(static_cast<std::int64_t>(data_size_), gen, at::kLong);
-    const auto* data = perm.data_ptr<std::int64_t>();
-    order.assign(data, data + perm.numel());
-  } else {
-    order.resize(data_size_);
-    std::iota(order.begin(), order.end(), std::int64_t{0});
-  }
-  const std::size_t total = total_size();
-  if (!drop_last_) {
-    // Pad by wrapping around, repeating the whole order as often as needed (tiny datasets).
-    const std::size_t base = order.size();
-    for (std::size_t i = 0; base > 0 && order.size() < total; ++i) order.push_back(order[i % base]);
-  } else {
-    order.resize(std::min(order.size(), total));
-  }
-  std::vector<std::int64_t> out;
-  out.reserve(num_samples_);
-  for (std::size_t i = rank_; i < order.size(); i += num_replicas_) out.push_back(order[i]);
+  const auto o = order(epoch);
+  std::vector<std::int64_t> out(o->size());
+  o->read(0, out);
   return out;
 }
 

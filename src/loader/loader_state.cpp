@@ -8,30 +8,34 @@ namespace ferry::detail {
 
 EpochPlan::EpochPlan(BatchSampler& batch_sampler, std::uint64_t epoch) {
   if (typeid(batch_sampler) == typeid(BatchSampler)) {
-    flat_ = batch_sampler.sampler()->indices(epoch);
+    order_ = batch_sampler.sampler()->order(epoch);
     batch_size_ = batch_sampler.batch_size();
-    count_ = batch_sampler.drop_last() ? flat_.size() / batch_size_
-                                       : (flat_.size() + batch_size_ - 1) / batch_size_;
+    const std::size_t n = order_->size();
+    count_ = batch_sampler.drop_last() ? n / batch_size_ : (n + batch_size_ - 1) / batch_size_;
   } else {
     lists_ = batch_sampler.batches(epoch);
     count_ = lists_.size();
   }
 }
 
-std::span<const std::int64_t> EpochPlan::batch(std::size_t k) const {
-  if (!lists_.empty() || flat_.empty()) return lists_.at(k);
+std::vector<std::int64_t> EpochPlan::batch(std::size_t k) const {
+  FERRY_ASSERT(k < count_);
+  if (!order_) return lists_[k];
   const std::size_t start = k * batch_size_;
-  return std::span<const std::int64_t>(flat_).subspan(start,
-                                                      std::min(batch_size_, flat_.size() - start));
+  std::vector<std::int64_t> out(std::min(batch_size_, order_->size() - start));
+  order_->read(start, out);
+  return out;
 }
 
 void LoaderState::record_skipped(std::uint64_t epoch,
                                  const std::vector<workers::SkippedSample>& skipped) const {
   if (skipped.empty()) return;
   const std::lock_guard<std::mutex> lock(stats_mutex);
-  stats.skipped += skipped.size();
+  this->skipped += skipped.size();
+  const std::size_t keep = options.skipped_history;
   for (const auto& s : skipped) {
-    stats.skipped_samples.push_back({epoch, s.index, detail::str(s.type_name, ": ", s.message)});
+    recent_skipped.push_back({epoch, s.index, detail::str(s.type_name, ": ", s.message)});
+    if (keep > 0 && recent_skipped.size() > keep) recent_skipped.pop_front();
   }
 }
 

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -63,7 +64,8 @@ struct LoaderState {
   mutable std::atomic<std::size_t> delivered_batches{0};
   mutable std::atomic<std::size_t> delivered_samples{0};
   mutable std::mutex stats_mutex;
-  mutable LoaderStats stats;  // the skips (skipped, skipped_samples)
+  mutable std::size_t skipped = 0;                   // every sample skipped so far
+  mutable std::deque<SkippedSample> recent_skipped;  // the last skipped_history of them
   void record_skipped(std::uint64_t epoch,
                       const std::vector<workers::SkippedSample>& skipped) const;
 
@@ -72,17 +74,18 @@ struct LoaderState {
   void close() noexcept;
 };
 
-// The batches of one epoch: the sampler's flat index list cut into batch_size chunks for the
-// stock BatchSampler (cheap for millions of samples), or a custom batch sampler's own lists.
+// The batches of one epoch: for the stock BatchSampler, its sampler's order cut into batch_size
+// chunks, read one batch at a time (an order is computed, or holds one permutation: nothing is
+// copied up front, whatever the dataset's size); a custom batch sampler's own lists otherwise.
 class EpochPlan {
  public:
   EpochPlan() = default;
   EpochPlan(BatchSampler& batch_sampler, std::uint64_t epoch);
   std::size_t size() const noexcept { return count_; }
-  std::span<const std::int64_t> batch(std::size_t k) const;
+  std::vector<std::int64_t> batch(std::size_t k) const;
 
  private:
-  std::vector<std::int64_t> flat_;
+  std::shared_ptr<const IndexOrder> order_;
   std::size_t batch_size_ = 1;
   std::vector<std::vector<std::int64_t>> lists_;
   std::size_t count_ = 0;

@@ -240,8 +240,7 @@ void MultiProcessEpoch::dispatch_map() {
     round_robin_ = best->id + 1;
     ++best->undelivered;
     const auto sequence = next_task_++;
-    const auto batch = plan_.batch(sequence);
-    send_task(*best, sequence, std::vector<std::int64_t>(batch.begin(), batch.end()));
+    send_task(*best, sequence, plan_.batch(sequence));
   }
 }
 

@@ -1,6 +1,8 @@
 #include "ferry/sampler.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 
 #include <ATen/ATen.h>
@@ -12,30 +14,128 @@ namespace ferry {
 
 namespace {
 
-std::vector<std::int64_t> to_vector(const at::Tensor& t) {
-  const at::Tensor c = t.contiguous();
-  const auto* data = c.data_ptr<std::int64_t>();
-  return std::vector<std::int64_t>(data, data + c.numel());
+// 0, 1, ..., size-1, computed.
+class RangeOrder final : public IndexOrder {
+ public:
+  explicit RangeOrder(std::size_t size) : size_(size) {}
+  std::size_t size() const override { return size_; }
+  void read(std::size_t start, std::span<std::int64_t> out) const override {
+    FERRY_ASSERT(start + out.size() <= size_);
+    std::iota(out.begin(), out.end(), static_cast<std::int64_t>(start));
+  }
+
+ private:
+  std::size_t size_;
+};
+
+// The indices in a contiguous int64 tensor (a permutation or a draw), held, never copied.
+class TensorOrder final : public IndexOrder {
+ public:
+  explicit TensorOrder(at::Tensor indices) : indices_(indices.contiguous()) {}
+  std::size_t size() const override { return static_cast<std::size_t>(indices_.numel()); }
+  void read(std::size_t start, std::span<std::int64_t> out) const override {
+    FERRY_ASSERT(start + out.size() <= size());
+    std::memcpy(out.data(), indices_.data_ptr<std::int64_t>() + start,
+                out.size() * sizeof(std::int64_t));
+  }
+
+ private:
+  at::Tensor indices_;
+};
+
+// A list held as is (a user sampler's indices()).
+class VectorOrder final : public IndexOrder {
+ public:
+  explicit VectorOrder(std::vector<std::int64_t> indices) : indices_(std::move(indices)) {}
+  std::size_t size() const override { return indices_.size(); }
+  void read(std::size_t start, std::span<std::int64_t> out) const override {
+    FERRY_ASSERT(start + out.size() <= indices_.size());
+    std::copy_n(indices_.begin() + static_cast<std::ptrdiff_t>(start), out.size(), out.begin());
+  }
+
+ private:
+  std::vector<std::int64_t> indices_;
+};
+
+// subset[perm[i]]: the subset shared with the sampler, the permutation held.
+class SubsetOrder final : public IndexOrder {
+ public:
+  SubsetOrder(std::shared_ptr<const std::vector<std::int64_t>> subset, at::Tensor perm)
+      : subset_(std::move(subset)), perm_(perm.contiguous()) {}
+  std::size_t size() const override { return static_cast<std::size_t>(perm_.numel()); }
+  void read(std::size_t start, std::span<std::int64_t> out) const override {
+    FERRY_ASSERT(start + out.size() <= size());
+    const std::int64_t* p = perm_.data_ptr<std::int64_t>() + start;
+    for (std::size_t k = 0; k < out.size(); ++k)
+      out[k] = (*subset_)[static_cast<std::size_t>(p[k])];
+  }
+
+ private:
+  std::shared_ptr<const std::vector<std::int64_t>> subset_;
+  at::Tensor perm_;
+};
+
+// Rank `rank`'s positions rank, rank + replicas, ... of the (padded) order over `data_size`
+// samples, where position g holds order[g % data_size] (padding wraps around): the
+// permutation's entry, or g % data_size itself without shuffling.
+class DistributedOrder final : public IndexOrder {
+ public:
+  DistributedOrder(at::Tensor perm,
+                   std::size_t data_size,
+                   std::size_t rank,
+                   std::size_t replicas,
+                   std::size_t count)
+      : perm_(perm.defined() ? perm.contiguous() : perm),
+        data_size_(data_size),
+        rank_(rank),
+        replicas_(replicas),
+        count_(count) {}
+  std::size_t size() const override { return count_; }
+  void read(std::size_t start, std::span<std::int64_t> out) const override {
+    FERRY_ASSERT(start + out.size() <= count_);
+    const std::int64_t* p = perm_.defined() ? perm_.data_ptr<std::int64_t>() : nullptr;
+    for (std::size_t k = 0; k < out.size(); ++k) {
+      const std::size_t position = (rank_ + (start + k) * replicas_) % data_size_;
+      out[k] = p != nullptr ? p[position] : static_cast<std::int64_t>(position);
+    }
+  }
+
+ private:
+  at::Tensor perm_;
+  std::size_t data_size_, rank_, replicas_, count_;
+};
+
+std::vector<std::int64_t> materialise(const IndexOrder& order) {
+  std::vector<std::int64_t> out(order.size());
+  order.read(0, out);
+  return out;
 }
 
-std::vector<std::int64_t> randperm(std::size_t n, at::Generator& generator) {
-  return to_vector(at::randperm(static_cast<std::int64_t>(n), generator, at::kLong));
+at::Tensor randperm(std::size_t n, at::Generator& generator) {
+  return at::randperm(static_cast<std::int64_t>(n), generator, at::kLong);
 }
 
 }  // namespace
+
+std::shared_ptr<const IndexOrder> Sampler::order(std::uint64_t epoch) {
+  return std::make_shared<VectorOrder>(indices(epoch));
+}
 
 at::Generator& EpochGenerator::rewind_to(std::uint64_t epoch) {
   if (!generator_ || next_epoch_ > epoch) {
     generator_ = at::detail::createCPUGenerator(seed_);
     next_epoch_ = 0;
+    finish_pending_ = false;
   }
   return *generator_;
 }
 
-std::vector<std::int64_t> SequentialSampler::indices(std::uint64_t /*epoch*/) {
-  std::vector<std::int64_t> out(size_);
-  std::iota(out.begin(), out.end(), std::int64_t{0});
-  return out;
+std::vector<std::int64_t> SequentialSampler::indices(std::uint64_t epoch) {
+  return materialise(*order(epoch));
+}
+
+std::shared_ptr<const IndexOrder> SequentialSampler::order(std::uint64_t /*epoch*/) {
+  return std::make_shared<RangeOrder>(size_);
 }
 
 RandomSampler::RandomSampler(std::size_t data_size, std::uint64_t seed, Options options)
@@ -51,50 +151,59 @@ RandomSampler::RandomSampler(std::size_t data_size, std::uint64_t seed, Options 
 }
 
 std::vector<std::int64_t> RandomSampler::indices(std::uint64_t epoch) {
-  if (data_size_ == 0) return {};
+  return materialise(*order(epoch));
+}
+
+std::shared_ptr<const IndexOrder> RandomSampler::order(std::uint64_t epoch) {
+  if (data_size_ == 0) return std::make_shared<VectorOrder>(std::vector<std::int64_t>{});
   const auto n = static_cast<std::int64_t>(data_size_);
-  return generator_.at_epoch(epoch, [&](at::Generator& gen) {
-    std::vector<std::int64_t> out;
-    out.reserve(num_samples_);
-    // The same draws, in the same chunks, as torch.utils.data.RandomSampler.__iter__ (1.13+),
-    // including its final (possibly empty) chunk, so the generator advances identically.
+  const std::size_t full = num_samples_ / data_size_;
+  const std::size_t rest = num_samples_ % data_size_;
+  // The same draws, in the same chunks, as torch.utils.data.RandomSampler.__iter__ (1.13+),
+  // including its final (possibly empty) chunk, so the generator advances identically.
+  auto draw = [&](at::Generator& gen) {
     if (replacement_) {
-      for (std::size_t i = 0; i < num_samples_ / 32; ++i) {
-        const auto chunk = to_vector(at::randint(n, {32}, gen, at::kLong));
-        out.insert(out.end(), chunk.begin(), chunk.end());
+      at::Tensor out = at::empty({static_cast<std::int64_t>(num_samples_)}, at::kLong);
+      const std::size_t chunks = num_samples_ / 32;
+      for (std::size_t i = 0; i <= chunks; ++i) {
+        const auto length = static_cast<std::int64_t>(i < chunks ? 32 : num_samples_ % 32);
+        at::Tensor part = at::randint(n, {length}, gen, at::kLong);
+        if (length > 0) out.narrow(0, static_cast<std::int64_t>(i * 32), length).copy_(part);
       }
-      const auto rest = static_cast<std::int64_t>(num_samples_ % 32);
-      const auto chunk = to_vector(at::randint(n, {rest}, gen, at::kLong));
-      out.insert(out.end(), chunk.begin(), chunk.end());
-    } else {
-      for (std::size_t i = 0; i < num_samples_ / data_size_; ++i) {
-        const auto perm = randperm(data_size_, gen);
-        out.insert(out.end(), perm.begin(), perm.end());
-      }
-      const auto perm = randperm(data_size_, gen);
-      out.insert(out.end(), perm.begin(),
-                 perm.begin() + static_cast<std::ptrdiff_t>(num_samples_ % data_size_));
+      return out;
     }
-    return out;
-  });
+    // Without replacement: `full` whole permutations, then the first `rest` of one more. When
+    // `rest` is 0 that last one changes no index of this epoch: it is drawn by finish, later.
+    if (full == 1 && rest == 0) return randperm(data_size_, gen);  // the usual case: no copy
+    std::vector<at::Tensor> parts;
+    for (std::size_t i = 0; i < full; ++i) parts.push_back(randperm(data_size_, gen));
+    if (rest > 0)
+      parts.push_back(randperm(data_size_, gen).narrow(0, 0, static_cast<std::int64_t>(rest)));
+    return parts.size() == 1 ? parts.front() : at::cat(parts);
+  };
+  auto finish = [&](at::Generator& gen) {
+    if (!replacement_ && rest == 0) (void)randperm(data_size_, gen);
+  };
+  return std::make_shared<TensorOrder>(generator_.at_epoch(epoch, draw, finish));
 }
 
 SubsetRandomSampler::SubsetRandomSampler(std::vector<std::int64_t> subset, std::uint64_t seed)
-    : subset_(std::move(subset)), generator_(seed) {
-  for (std::size_t i = 0; i < subset_.size(); ++i) {
-    FERRY_CHECK(subset_[i] >= 0, "SubsetRandomSampler: index ", subset_[i], " at position ", i,
-                " is negative; dataset indices start at 0");
+    : subset_(std::make_shared<const std::vector<std::int64_t>>(std::move(subset))),
+      generator_(seed) {
+  for (std::size_t i = 0; i < subset_->size(); ++i) {
+    FERRY_CHECK((*subset_)[i] >= 0, "SubsetRandomSampler: index ", (*subset_)[i], " at position ",
+                i, " is negative; dataset indices start at 0");
   }
 }
 
 std::vector<std::int64_t> SubsetRandomSampler::indices(std::uint64_t epoch) {
-  return generator_.at_epoch(epoch, [&](at::Generator& gen) {
-    const auto perm = randperm(subset_.size(), gen);
-    std::vector<std::int64_t> out(perm.size());
-    for (std::size_t i = 0; i < perm.size(); ++i)
-      out[i] = subset_[static_cast<std::size_t>(perm[i])];
-    return out;
-  });
+  return materialise(*order(epoch));
+}
+
+std::shared_ptr<const IndexOrder> SubsetRandomSampler::order(std::uint64_t epoch) {
+  at::Tensor perm = generator_.at_epoch(
+      epoch, [&](at::Generator& gen) { return randperm(subset_->size(), gen); });
+  return std::make_shared<SubsetOrder>(subset_, std::move(perm));
 }
 
 WeightedRandomSampler::WeightedRandomSampler(std::vector<double> weights,
@@ -124,10 +233,23 @@ WeightedRandomSampler::WeightedRandomSampler(std::vector<double> weights,
 }
 
 std::vector<std::int64_t> WeightedRandomSampler::indices(std::uint64_t epoch) {
-  return generator_.at_epoch(epoch, [&](at::Generator& gen) {
-    return to_vector(
-        at::multinomial(weights_, static_cast<std::int64_t>(num_samples_), replacement_, gen));
-  });
+  return materialise(*order(epoch));
+}
+
+std::shared_ptr<const IndexOrder> WeightedRandomSampler::order(std::uint64_t epoch) {
+  return std::make_shared<TensorOrder>(generator_.at_epoch(epoch, [&](at::Generator& gen) {
+    return at::multinomial(weights_, static_cast<std::int64_t>(num_samples_), replacement_, gen);
+  }));
+}
+
+std::shared_ptr<const IndexOrder> DistributedSampler::order(std::uint64_t epoch) {
+  at::Tensor perm;  // none: the dataset's own order
+  if (shuffle_) {
+    at::Generator gen = at::detail::createCPUGenerator(seed_ + epoch);
+    perm = randperm(data_size_, gen);
+  }
+  return std::make_shared<DistributedOrder>(std::move(perm), data_size_, rank_, num_replicas_,
+                                            num_samples_);
 }
 
 BatchSampler::BatchSampler(std::shared_ptr<Sampler> sampler, std::size_t batch_size, bool drop_last)

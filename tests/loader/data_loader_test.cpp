@@ -274,3 +274,28 @@ TEST(DataLoader, PinMemoryWithoutCudaIsAConfigErrorNamingWhatIsMissing) {
 
 }  // namespace
 }  // namespace ferry
+
+namespace ferry {
+namespace {
+
+TEST(DataLoaderStats, CountEverySkippedSampleAndListTheMostRecentOnes) {
+  // 300 of 400 samples fail: all are counted, the last skipped_history are listed.
+  DataLoader loader(std::make_shared<testing::FailingDataset>(400, 100, 400),
+                    {.batch_size = 10, .on_error = OnError::kSkip, .skipped_history = 16});
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    for (auto& batch : loader) (void)batch;
+  }
+  const LoaderStats stats = loader.stats();
+  EXPECT_EQ(stats.skipped, 600u);
+  ASSERT_EQ(stats.skipped_samples.size(), 16u);
+  EXPECT_EQ(stats.skipped_samples.front().index, 384);
+  EXPECT_EQ(stats.skipped_samples.back().index, 399);
+  EXPECT_EQ(stats.skipped_samples.back().epoch, 1u);
+  DataLoader all(std::make_shared<testing::FailingDataset>(400, 100, 400),
+                 {.batch_size = 10, .on_error = OnError::kSkip, .skipped_history = 0});
+  for (auto& batch : all) (void)batch;
+  EXPECT_EQ(all.stats().skipped_samples.size(), 300u);
+}
+
+}  // namespace
+}  // namespace ferry

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <set>
 #include <sstream>
@@ -88,6 +89,82 @@ TEST(RandomSampler, MatchesPyTorchGoldenOrdersAcrossEpochs) {
     RandomSampler sampler(static_cast<std::size_t>(c.num("n")), c.seed(), options);
     EXPECT_EQ(sampler.indices(static_cast<std::uint64_t>(c.num("epoch"))), c.indices) << c.line;
     EXPECT_EQ(sampler.size(), c.indices.size()) << c.line;
+  }
+}
+
+TEST(RandomSampler, GoldenOrdersHoldWhenEpochsAreWalkedInARow) {
+  // One sampler per configuration, its epochs asked for in order: the draws PyTorch makes at the
+  // end of an epoch (the empty final chunk) are made before the next, never skipped.
+  std::map<std::string, std::vector<const GoldenCase*>> by_config;
+  const auto cases = load_golden("random");
+  for (const auto& c : cases) {
+    by_config[c.line.substr(0, c.line.find(" epoch="))].push_back(&c);
+  }
+  for (const auto& [config, epochs] : by_config) {
+    const GoldenCase& first = *epochs.front();
+    RandomSampler::Options options{.replacement = first.num("replacement") != 0};
+    if (first.num("num_samples") >= 0)
+      options.num_samples = static_cast<std::size_t>(first.num("num_samples"));
+    RandomSampler sampler(static_cast<std::size_t>(first.num("n")), first.seed(), options);
+    for (const GoldenCase* c : epochs) {
+      EXPECT_EQ(sampler.indices(static_cast<std::uint64_t>(c->num("epoch"))), c->indices)
+          << c->line;
+    }
+  }
+}
+
+TEST(Samplers, OrdersReadByPositionEqualTheirIndices) {
+  // The loader reads an epoch's order a batch at a time; every sampler's order() must say what
+  // its indices() says, read in any chunks.
+  using Make = std::function<std::shared_ptr<Sampler>()>;
+  const std::vector<std::pair<std::string, Make>> samplers = {
+      {"sequential", [] { return std::make_shared<SequentialSampler>(103); }},
+      {"random", [] { return std::make_shared<RandomSampler>(103, 5); }},
+      {"random, 250 of 103",
+       [] {
+         return std::make_shared<RandomSampler>(103, 5, RandomSampler::Options{.num_samples = 250});
+       }},
+      {"random with replacement",
+       [] {
+         return std::make_shared<RandomSampler>(
+             103, 5, RandomSampler::Options{.replacement = true, .num_samples = 77});
+       }},
+      {"subset",
+       [] {
+         return std::make_shared<SubsetRandomSampler>(std::vector<std::int64_t>{9, 4, 7, 1, 30}, 2);
+       }},
+      {"weighted",
+       [] {
+         return std::make_shared<WeightedRandomSampler>(std::vector<double>{1, 2, 0, 4}, 40, 3);
+       }},
+      {"distributed, padded",
+       [] {
+         return std::make_shared<DistributedSampler>(
+             103, DistributedSampler::Options{.num_replicas = 4, .rank = 3, .seed = 8});
+       }},
+      {"distributed, tiny and padded",
+       [] {
+         return std::make_shared<DistributedSampler>(
+             3, DistributedSampler::Options{.num_replicas = 8, .rank = 6, .shuffle = false});
+       }},
+      {"distributed, drop_last",
+       [] {
+         return std::make_shared<DistributedSampler>(
+             103, DistributedSampler::Options{.num_replicas = 4, .rank = 1, .drop_last = true});
+       }},
+  };
+  for (const auto& [name, make] : samplers) {
+    for (std::uint64_t epoch : {0u, 1u, 3u}) {
+      const auto order = make()->order(epoch);
+      const auto expected = make()->indices(epoch);
+      ASSERT_EQ(order->size(), expected.size()) << name;
+      std::vector<std::int64_t> read(order->size());
+      for (std::size_t start = 0; start < read.size(); start += 7) {
+        const std::size_t n = std::min<std::size_t>(7, read.size() - start);
+        order->read(start, std::span<std::int64_t>(read).subspan(start, n));
+      }
+      EXPECT_EQ(read, expected) << name << ", epoch " << epoch;
+    }
   }
 }
 

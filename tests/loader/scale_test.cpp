@@ -15,6 +15,7 @@
 
 #include "ferry/data_loader.h"
 #include "ferry/error.h"
+#include "ferry/sampler.h"
 
 #include "support/child_test.h"
 
@@ -147,6 +148,53 @@ TEST(HugeBatches, AWorkerKilledInTheMiddleOfAMultiPacketReplyIsReportedAsADeadWo
         return 0;
       },
       60s, /*workers_may_be_killed=*/true);
+}
+
+// This process's peak resident memory (VmHWM), in bytes.
+std::size_t peak_rss() {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  }
+  return 0;
+}
+
+TEST(HugeDatasets, ASequentialEpochOfABillionSamplesCostsNothingBeforeItsFirstBatch) {
+  // The epoch's order is computed by position, never listed: 10^9 indices would be 8 GB.
+  for (const std::size_t workers : {0u, 2u}) {
+    testing::in_child(
+        [workers] {
+          const std::size_t before = peak_rss();
+          DataLoader loader(std::make_shared<Scalars>(1'000'000'000),
+                            {.batch_size = 256, .num_workers = workers});
+          auto it = loader.begin();
+          REQUIRE((*it)["i"][255].item<std::int64_t>() == 255);
+          ++it;
+          REQUIRE((*it)["i"][0].item<std::int64_t>() == 256);
+          const std::size_t grew = peak_rss() - before;
+          REQUIRE(grew < (256u << 20), "peak memory grew by ", grew, " bytes");
+          return 0;
+        },
+        60s);
+  }
+}
+
+TEST(HugeDatasets, ADistributedEpochOfABillionSamplesIsComputedByPosition) {
+  testing::in_child(
+      [] {
+        const std::size_t before = peak_rss();
+        auto sampler = std::make_shared<DistributedSampler>(
+            1'000'000'000,
+            DistributedSampler::Options{.num_replicas = 8, .rank = 3, .shuffle = false});
+        DataLoader loader(std::make_shared<Scalars>(1'000'000'000),
+                          {.batch_size = 4, .num_workers = 2}, sampler);
+        auto it = loader.begin();
+        REQUIRE((*it)["i"][1].item<std::int64_t>() == 11);  // rank 3 of 8: 3, 11, 19, ...
+        const std::size_t grew = peak_rss() - before;
+        REQUIRE(grew < (256u << 20), "peak memory grew by ", grew, " bytes");
+        return 0;
+      },
+      60s);
 }
 
 }  // namespace
