@@ -420,11 +420,12 @@ auto ferry_opener(Workload w,
   // Built through the registry, as spawn needs, and before the clock starts (as the peer does).
   std::shared_ptr<const ferry::Dataset> dataset = make_ferry_dataset(w, capacity * batch_size(w));
   return [=] {
-    const ferry::DataLoaderOptions options{.batch_size = batch_size(w),
-                                           .num_workers = num_workers,
-                                           .pin_memory = setup.pin_memory,
-                                           .start_method = setup.start_method,
-                                           .device = setup.device};
+    const ferry::DataLoaderOptions options{
+        .batch_size = batch_size(w),
+        .num_workers = num_workers,
+        .pin_memory = setup.pin_memory,
+        .start_method = num_workers > 0 ? std::optional(setup.start_method) : std::nullopt,
+        .device = setup.device};
     // jpeg: a few hundred files, drawn with replacement for as many samples as the run needs.
     auto loader = w == Workload::kJpeg
                       ? std::make_shared<ferry::DataLoader>(
@@ -888,6 +889,8 @@ struct Args {
   std::optional<torch::Device> device{};  // device mode
   double gpu_step_ms = 4;                 // device mode's GPU step; 0: none
   bool gpu_step_given = false;
+  bool huge = false;  // --huge: time to first batch and peak memory of huge epochs
+  bool workers_given = false;
 };
 
 std::string default_peer() {
@@ -905,7 +908,7 @@ std::string default_peer() {
 constexpr const char* kUsage =
     "usage: ferry_loader_bench [--workloads tiny,tensor,tensor-view,jpeg] [--workers 1,2]\n"
     "                          [--seconds S | --batches N] [--repeat R] [--markdown]\n"
-    "                          [--no-peers] [--peer PATH] [--python PATH] [--startup]\n"
+    "                          [--no-peers] [--peer PATH] [--python PATH] [--startup | --huge]\n"
     "                          [--device cuda[:N] [--gpu-step-ms X]]\n"
     "Loader throughput of ferry, PyTorch (pytorch_peer.py) and LibTorch's torch::data loader.\n"
     "  --workloads   comma list (default: all; jpeg needs a build with OpenCV)\n"
@@ -915,6 +918,9 @@ constexpr const char* kUsage =
     "  --repeat R    runs per configuration; the table shows the median (default: 1)\n"
     "  --markdown    print Markdown tables (for the README)\n"
     "  --no-peers    measure ferry only (no PyTorch, no LibTorch)\n"
+    "  --huge        only time to first batch and peak memory of one epoch of 10^6 to 10^9\n"
+    "                samples (sequential; 10^8 shuffled, beside a bare randperm), each run in\n"
+    "                a fresh process, against PyTorch's DataLoader (default workers: 2)\n"
     "  --startup     only time to first batch, for each start method (fork, forkserver,\n"
     "                spawn) against PyTorch's fork and spawn (default workers: 2)\n"
     "  --peer PATH   pytorch_peer.py (default: next to this benchmark's source)\n"
@@ -989,6 +995,7 @@ Args parse_args(int argc, char** argv) {
       if (args.workloads.empty()) usage_error("--workloads: give at least one");
     } else if (option == "--workers") {
       args.workers.clear();
+      args.workers_given = true;
       for (const std::string& s : split(value())) args.workers.push_back(parse_count(option, s, 0));
       if (args.workers.empty()) usage_error("--workers: give at least one count");
     } else if (option == "--seconds") {
@@ -1005,6 +1012,8 @@ Args parse_args(int argc, char** argv) {
       args.repeat = static_cast<int>(parse_count(option, value(), 1));
     } else if (option == "--markdown") {
       args.markdown = true;
+    } else if (option == "--huge") {
+      args.huge = true;
     } else if (option == "--startup") {
       args.startup = true;
     } else if (option == "--no-peers") {
@@ -1177,6 +1186,130 @@ std::string format_overhead(std::optional<double> loop, std::optional<double> al
 // raw pinned copy and PyTorch; then the loop with a synthetic GPU step against the step alone.
 // This process initialises CUDA before its loaders fork their workers, as a training program
 // does (the model is on the GPU first); fork, the default start method, allows that.
+// ---------------------------------------------------------------------------------------------
+// Huge epochs (--huge): time from constructing a loader to its first batch, and the process's
+// peak resident memory, for N = 10^6 .. 10^9 int64 scalars; each case in a fresh process.
+
+struct HugeCase {
+  std::string order;  // sequential, shuffled; "randperm": a bare at::randperm(N), for scale
+  std::size_t n;
+};
+
+// N int64 scalars: the cheapest samples, so the epoch's order is what costs.
+class IndexDataset : public ferry::Dataset {
+ public:
+  explicit IndexDataset(std::size_t n) : n_(n) {}
+  std::size_t size() const override { return n_; }
+  ferry::Example get(std::size_t i, ferry::SampleContext&) const override {
+    return {{"i", static_cast<std::int64_t>(i)}};
+  }
+
+ private:
+  std::size_t n_;
+};
+
+std::string megabytes(double bytes) {
+  if (std::isnan(bytes)) return "-";
+  char text[32];
+  std::snprintf(text, sizeof text, "%.0f MB", bytes / 1e6);
+  return text;
+}
+
+std::size_t peak_rss_bytes() {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) * 1024;
+  }
+  return 0;
+}
+
+// In the child process that --huge starts: one case, printed as a JSON line.
+int run_huge_case(const std::string& order, std::size_t n, std::size_t workers) {
+  const auto start = Clock::now();
+  if (order == "randperm") {
+    const at::Tensor perm = at::randperm(static_cast<std::int64_t>(n), at::kLong);
+    (void)perm.data_ptr<std::int64_t>()[0];
+  } else {
+    ferry::DataLoader loader(
+        std::make_shared<IndexDataset>(n),
+        {.batch_size = 256, .shuffle = order == "shuffled", .num_workers = workers, .seed = 0});
+    auto it = loader.begin();
+    (void)it->size();
+  }
+  std::printf("{\"seconds\": %.6f, \"peak_rss\": %zu}\n", seconds_since(start), peak_rss_bytes());
+  return 0;
+}
+
+// Runs `command` and returns (seconds, peak_rss) from its last JSON line, or nullopt.
+std::optional<std::pair<double, double>> huge_run(const std::string& command) {
+  std::fprintf(stderr, "running: %s\n", command.c_str());
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) return std::nullopt;
+  std::optional<std::pair<double, double>> out;
+  char* line = nullptr;
+  std::size_t capacity = 0;
+  while (::getline(&line, &capacity, pipe) > 0) {
+    const auto seconds = json_number(line, "seconds");
+    const auto rss = json_number(line, "peak_rss");
+    if (seconds && rss) out = std::make_pair(*seconds, *rss);
+  }
+  std::free(line);
+  if (::pclose(pipe) != 0) return std::nullopt;
+  return out;
+}
+
+int run_huge(const Args& args) {
+  const std::size_t workers = args.workers_given ? args.workers.front() : 2;
+  const std::vector<HugeCase> cases = {{"sequential", 1'000'000},
+                                       {"sequential", 100'000'000},
+                                       {"sequential", 1'000'000'000},
+                                       {"shuffled", 100'000'000}};
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  auto med = [](std::vector<double> v) { return v.empty() ? NAN : median(std::move(v)); };
+  std::printf(
+      "%sTime to the first batch and peak resident memory of one epoch of N int64 scalars, "
+      "batch_size 256, %zu workers, each run in a fresh process; ferry %s, LibTorch %d.%d.%d; "
+      "median of %d\n\n",
+      args.markdown ? "" : "# ", workers, FERRY_VERSION, TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR,
+      TORCH_VERSION_PATCH, args.repeat);
+  std::printf(
+      "| order | N | ferry s | ferry peak RSS | PyTorch s | PyTorch peak RSS | "
+      "ferry / PyTorch | bare randperm s |\n");
+  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  for (const HugeCase& c : cases) {
+    std::vector<double> fs, fr, ps, pr, rs;
+    for (int r = 0; r < args.repeat; ++r) {
+      const std::string tail = " " + c.order + " " + std::to_string(c.n);
+      if (auto v =
+              huge_run(shell_quote(self) + " --huge-case" + tail + " " + std::to_string(workers))) {
+        fs.push_back(v->first);
+        fr.push_back(v->second);
+      }
+      if (args.peers) {
+        if (auto v = huge_run(shell_quote(args.python) + " " + shell_quote(args.peer) + " --huge" +
+                              tail + " --num-workers " + std::to_string(workers))) {
+          ps.push_back(v->first);
+          pr.push_back(v->second);
+        }
+      }
+      if (c.order == "shuffled") {
+        if (auto v = huge_run(shell_quote(self) + " --huge-case randperm " + std::to_string(c.n) +
+                              " 0")) {
+          rs.push_back(v->first);
+        }
+      }
+    }
+    const double f = med(fs), p = med(ps);
+    std::printf("| %s | %.0e | %.3f | %s | %s | %s | %s | %s |\n", c.order.c_str(),
+                static_cast<double>(c.n), f, megabytes(med(fr)).c_str(),
+                ps.empty() ? "-" : std::to_string(p).substr(0, 6).c_str(),
+                pr.empty() ? "-" : megabytes(med(pr)).c_str(),
+                ps.empty() ? "-" : (std::to_string(f / p).substr(0, 5) + "x").c_str(),
+                rs.empty() ? "-" : std::to_string(med(rs)).substr(0, 6).c_str());
+  }
+  return 0;
+}
+
 int run_device(const Args& args) {
   const torch::Device device = *args.device;
   std::vector<Workload> workloads;
@@ -1417,7 +1550,11 @@ void check_device(const torch::Device& device) {
 int main(int argc, char** argv) {
   register_bench_types();
   ferry::init(argc, argv);  // spawned workers are copies of this program
+  if (argc == 5 && std::string_view(argv[1]) == "--huge-case") {  // a child of --huge
+    return run_huge_case(argv[2], std::stoull(argv[3]), std::stoull(argv[4]));
+  }
   const Args args = parse_args(argc, argv);
+  if (args.huge) return run_huge(args);
   if (args.device) {
     check_device(*args.device);
     return run_device(args);

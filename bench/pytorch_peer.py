@@ -31,6 +31,12 @@ batch already on the device ("step_alone_steps" in "step_alone_seconds"), and th
 calibrated step ("step_n", "step_k", "step_ms"):
   python3 bench/pytorch_peer.py --workload tensor --num-workers 4 --seconds 2 --device cuda \
       --gpu-step-ms 4
+
+--huge ORDER N (sequential or shuffled): one DataLoader over N int64 scalars, batch_size=256,
+generator=torch.Generator().manual_seed(0); prints the time from constructing it to its first
+batch and the process's peak resident memory, as {"seconds": ..., "peak_rss": ...}. Run each case
+in a fresh process (peak memory is per process):
+  python3 bench/pytorch_peer.py --huge shuffled 100000000 --num-workers 2
 """
 
 import argparse
@@ -269,6 +275,37 @@ def run_once(workload, num_workers, batches, seconds, start_method, image_root=N
     return result
 
 
+class IndexDataset(Dataset):
+    """N int64 scalars: the cheapest samples, so the epoch's order is what costs."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, index):
+        return torch.tensor(index)
+
+
+def peak_rss_bytes():
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def run_huge(order, n, num_workers):
+    start = time.perf_counter()
+    loader = DataLoader(IndexDataset(n), batch_size=256, shuffle=(order == "shuffled"),
+                        num_workers=num_workers, generator=torch.Generator().manual_seed(0))
+    next(iter(loader))
+    seconds = time.perf_counter() - start
+    return {"loader": "pytorch", "order": order, "n": n, "num_workers": num_workers,
+            "seconds": seconds, "peak_rss": peak_rss_bytes()}
+
+
 def worker_counts(values):
     counts = []
     for value in values:
@@ -297,7 +334,18 @@ def main(argv=None):
     parser.add_argument("--gpu-step-ms", type=float, default=0.0,
                         help="with --device: a synthetic GPU step of about this many ms on each "
                         "batch, and the step alone (default 0: none)")
+    parser.add_argument("--huge", nargs=2, metavar=("ORDER", "N"),
+                        help="time to the first batch and peak memory of one epoch of N samples "
+                        "in ORDER (sequential or shuffled)")
     args = parser.parse_args(argv)
+
+    if args.huge:
+        order, n = args.huge[0], int(args.huge[1])
+        if order not in ("sequential", "shuffled") or n < 1:
+            parser.error("--huge: expected sequential or shuffled and a positive count")
+        print(json.dumps(run_huge(order, n, worker_counts(args.num_workers or ["0"])[0])),
+              flush=True)
+        return 0
 
     workloads = []
     for value in args.workload or ["tiny"]:

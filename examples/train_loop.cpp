@@ -119,12 +119,13 @@ int train(int argc, char** argv) {
 
   auto dataset = ferry::Registry::global().make_dataset(
       ferry::Config::map({{"type", "blobs"}, {"size", samples}}));
-  ferry::DataLoader loader(dataset, {.batch_size = batch_size,
-                                     .shuffle = true,
-                                     .num_workers = workers,
-                                     .seed = 0,
-                                     .start_method = method,
-                                     .device = on});
+  ferry::DataLoader loader(dataset,
+                           {.batch_size = batch_size,
+                            .shuffle = true,
+                            .num_workers = workers,
+                            .seed = 0,
+                            .start_method = workers > 0 ? std::optional(method) : std::nullopt,
+                            .device = on});
 
   std::printf(
       "ferry %s: training a %lld-class softmax classifier on %zu synthetic samples, "

@@ -116,6 +116,7 @@ ipc::SetupMessage setup_message(const WorkerSpec& spec,
   setup.worker_id = spec.worker_id;
   setup.num_workers = spec.num_workers;
   setup.base_seed = spec.base_seed;
+  setup.torch_seed = spec.torch_seed;
   setup.batch_size = spec.batch_size;
   setup.drop_last = spec.drop_last;
   setup.keep_free_segments = spec.keep_free_segments;
@@ -134,6 +135,7 @@ WorkerSpec worker_spec(const ipc::SetupMessage& setup) {
   spec.worker_id = setup.worker_id;
   spec.num_workers = setup.num_workers;
   spec.base_seed = setup.base_seed;
+  spec.torch_seed = setup.torch_seed;
   spec.batch_size = setup.batch_size;
   spec.drop_last = setup.drop_last;
   spec.keep_free_segments = setup.keep_free_segments;

@@ -14,9 +14,11 @@
 #include <optional>
 #include <string>
 
+#include <ATen/Context.h>
 #include <ATen/Parallel.h>
 
 #include "collate/batch_layout.h"
+#include "ipc/child_process.h"
 #include "ipc/protocol.h"
 #include "workers/fetch.h"
 #include "workers/segment_pool.h"
@@ -78,7 +80,7 @@ class SampleWatchdog {
 
 void on_fatal_signal(int signal) {
   (void)!::write(STDERR_FILENO, g_crash_prefix, g_crash_prefix_len);
-  const char* name = ::sigabbrev_np(signal);
+  const char* name = ipc::signal_abbrev(signal);
   if (name != nullptr) {
     (void)!::write(STDERR_FILENO, "SIG", 3);
     (void)!::write(STDERR_FILENO, name, std::strlen(name));
@@ -173,6 +175,7 @@ class Worker {
   }
 
   [[noreturn]] void run() {
+    at::manual_seed(spec_.torch_seed);
     if (spec_.worker_init_fn) {
       try {
         spec_.worker_init_fn(spec_.worker_id);

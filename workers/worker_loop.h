@@ -19,6 +19,11 @@ struct WorkerSpec {
   std::size_t worker_id = 0;
   std::size_t num_workers = 1;
   std::uint64_t base_seed = 0;
+  // LibTorch's default generator is seeded with this before worker_init_fn, as PyTorch seeds each
+  // worker's with base_seed + worker_id: code that draws without a generator differs between
+  // workers and repeats from run to run (only SampleContext::generator() is also independent of
+  // the number of workers).
+  std::uint64_t torch_seed = 0;
   std::shared_ptr<const Dataset> dataset;           // map-style, or
   std::shared_ptr<const IterableDataset> iterable;  // iterable
   std::size_t batch_size = 1;                       // iterable datasets batch in the worker

@@ -14,14 +14,18 @@
 namespace ferry {
 
 /// One field of a sample: a tensor, an integer, a real number or a string. Integers and reals
-/// of any width convert implicitly, so `{"label", 3}` and `{"weight", 0.5f}` read naturally.
+/// of any width convert implicitly, so `{"label", 3}` and `{"weight", 0.5f}` read naturally. A
+/// `bool` becomes a 0-dim torch::kBool tensor, so a batch of them is a kBool mask, as PyTorch's
+/// default_collate makes it (an int64 0/1 tensor would gather rows instead of masking them).
 class Field {
  public:
   using Value = std::variant<torch::Tensor, std::int64_t, double, std::string>;
 
   Field(torch::Tensor tensor) : value_(std::move(tensor)) {}  // NOLINT: implicit by design
   template <std::integral T>
-  Field(T value) : value_(static_cast<std::int64_t>(value)) {}  // NOLINT
+  requires(!std::same_as<T, bool>) Field(T value)
+      : value_(static_cast<std::int64_t>(value)) {}                         // NOLINT
+  Field(bool value) : value_(torch::scalar_tensor(value, torch::kBool)) {}  // NOLINT
   template <std::floating_point T>
   Field(T value) : value_(static_cast<double>(value)) {}         // NOLINT
   Field(std::string value) : value_(std::move(value)) {}         // NOLINT
@@ -35,6 +39,7 @@ class Field {
 
   /// Typed access; throws `ferry::Error` naming the kind actually held.
   const torch::Tensor& tensor() const;
+  /// An int, or a 0-dim integral or bool tensor (a bool field).
   std::int64_t to_int() const;
   double to_double() const;
   const std::string& str() const;

@@ -16,6 +16,13 @@ const torch::Tensor& Field::tensor() const {
 }
 
 std::int64_t Field::to_int() const {
+  if (is_tensor()) {
+    const auto& t = std::get<torch::Tensor>(value_);
+    if (t.defined() && t.dim() == 0 &&
+        (t.scalar_type() == torch::kBool || c10::isIntegralType(t.scalar_type(), false))) {
+      return t.item<std::int64_t>();
+    }
+  }
   if (!is_int()) throw Error(detail::str("field holds a ", kind(), ", not an int"));
   return std::get<std::int64_t>(value_);
 }

@@ -28,10 +28,17 @@ ExitStatus from_wait_status(int status) {
 
 }  // namespace
 
-std::string signal_name(int signal) {
+const char* signal_abbrev(int signal) noexcept {
 #if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 32))
-  if (const char* abbrev = ::sigabbrev_np(signal)) return std::string("SIG") + abbrev;
+  return ::sigabbrev_np(signal);
+#else
+  (void)signal;
+  return nullptr;
 #endif
+}
+
+std::string signal_name(int signal) {
+  if (const char* abbrev = signal_abbrev(signal)) return std::string("SIG") + abbrev;
   return "signal " + std::to_string(signal);
 }
 

@@ -21,6 +21,9 @@ struct ExitStatus {
 
 /// "SIGKILL" for 9.
 std::string signal_name(int signal);
+/// "KILL" for SIGKILL, or nullptr when unknown or on a glibc without sigabbrev_np (< 2.32).
+/// Async-signal-safe (no allocation): for crash handlers.
+const char* signal_abbrev(int signal) noexcept;
 
 /// Owns a child process: its pid, a pidfd where the kernel has one (readable once the child
 /// exits, so a death is an event, not a poll), and the duty to reap it. The destructor kills a

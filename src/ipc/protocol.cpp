@@ -79,7 +79,7 @@ class Reader {
     const auto n = count(what);
     need(static_cast<std::size_t>(n) * sizeof(T), what);
     std::vector<T> v(n);
-    std::memcpy(v.data(), in_.data() + pos_, n * sizeof(T));
+    if (n > 0) std::memcpy(v.data(), in_.data() + pos_, n * sizeof(T));  // data() may be null
     pos_ += n * sizeof(T);
     return v;
   }
@@ -165,6 +165,7 @@ std::vector<std::byte> encode(const IndexMessage& message) {
     w.put(m->worker_id);
     w.put(m->num_workers);
     w.put(m->base_seed);
+    w.put(m->torch_seed);
     w.put(m->batch_size);
     w.put(static_cast<std::uint8_t>(m->drop_last));
     w.put(m->keep_free_segments);
@@ -252,6 +253,7 @@ IndexMessage decode_index(std::span<const std::byte> bytes) {
       m.worker_id = r.get<std::uint64_t>("worker id");
       m.num_workers = r.get<std::uint64_t>("worker count");
       m.base_seed = r.get<std::uint64_t>("seed");
+      m.torch_seed = r.get<std::uint64_t>("torch seed");
       m.batch_size = r.get<std::uint64_t>("batch size");
       m.drop_last = r.get<std::uint8_t>("drop_last") != 0;
       m.keep_free_segments = r.get<std::uint64_t>("free segments");

@@ -14,7 +14,7 @@
 
 namespace ferry::ipc {
 
-inline constexpr std::uint16_t kProtocolVersion = 3;
+inline constexpr std::uint16_t kProtocolVersion = 4;
 
 // ---- index channel: main to worker ----
 struct TaskMessage {  // load batch `sequence` of `epoch` (map-style: these indices)
@@ -37,6 +37,7 @@ struct SetupMessage {
   std::uint64_t worker_id = 0;
   std::uint64_t num_workers = 1;
   std::uint64_t base_seed = 0;
+  std::uint64_t torch_seed = 0;  // LibTorch's default generator in the worker
   std::uint64_t batch_size = 1;
   bool drop_last = false;
   std::uint64_t keep_free_segments = 2;

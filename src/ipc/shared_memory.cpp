@@ -184,7 +184,9 @@ SharedMemory SharedMemory::create(std::size_t size, const char* name) {
       error = g_fail_error.load();
     } else {
       // Reserve every page now: a full tmpfs fails here, not with SIGBUS on first write.
-      error = ::posix_fallocate(fd.get(), 0, static_cast<off_t>(size));
+      do {
+        error = ::posix_fallocate(fd.get(), 0, static_cast<off_t>(size));
+      } while (error == EINTR);  // a signal with a handler, mid-reservation
     }
     if (error == ENOSPC || error == ENOMEM) {
       // memfd pages count against the memory cgroup and the machine's memory, not /dev/shm's

@@ -60,8 +60,13 @@ DataLoaderOptions resolve(DataLoaderOptions o) {
               " ms watches one sample at a time, so it cannot be "
               "combined with worker_threads=",
               o.worker_threads, "; use timeout (per batch) instead, or worker_threads=1");
+  // As PyTorch's multiprocessing_context: only for multi-process loading.
+  FERRY_CHECK(!(o.num_workers == 0 && o.start_method),
+              "start_method=", o.start_method ? to_string(*o.start_method) : "",
+              " needs worker processes; set "
+              "num_workers > 0 or leave start_method unset");
   if (o.num_workers > 0 && !o.prefetch_factor) o.prefetch_factor = kDefaultPrefetchFactor;
-  if (!o.start_method) o.start_method = default_start_method();
+  if (o.num_workers > 0 && !o.start_method) o.start_method = default_start_method();
   if (!o.seed) {
     // As PyTorch without a generator: a fresh seed per loader, fixed for its lifetime.
     std::random_device device;

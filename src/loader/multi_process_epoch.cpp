@@ -59,7 +59,7 @@ MultiProcessEpoch::MultiProcessEpoch(std::shared_ptr<LoaderState> state, std::ui
   if (state_->options.persistent_workers) {
     pool_ = state_->persistent_pool;
     if (!pool_ || pool_->broken || pool_->stopped() || !pool_->all_started()) {
-      pool_ = std::make_shared<WorkerPool>(*state_);
+      pool_ = std::make_shared<WorkerPool>(*state_, epoch_);
       state_->persistent_pool = pool_;
       state_->pools.push_back(pool_);
       start_workers();
@@ -73,7 +73,7 @@ MultiProcessEpoch::MultiProcessEpoch(std::shared_ptr<LoaderState> state, std::ui
       }
     }
   } else {
-    pool_ = std::make_shared<WorkerPool>(*state_);
+    pool_ = std::make_shared<WorkerPool>(*state_, epoch_);
     state_->pools.push_back(pool_);
     start_workers();
   }
@@ -119,7 +119,17 @@ std::optional<Batch> MultiProcessEpoch::next_locked() {
         "DataLoader: the loader was destroyed or closed while this iterator was in "
         "use; keep the loader alive for as long as you iterate it");
   }
-  if (failed_ || pool_->owner_token != token_) return std::nullopt;  // failed, or superseded
+  if (failed_) return std::nullopt;
+  if (pool_->owner_token != token_) {
+    // persistent_workers: a later begin() took the pool; this epoch's batches are gone.
+    throw Error(detail::str(
+        "DataLoader: this iterator's epoch ", epoch_,
+        " was ended by a later begin() on the "
+        "same loader (with persistent_workers, epochs share one set of workers), after ",
+        next_delivery_,
+        " of its batches; finish or drop one epoch's iterator before the next "
+        "begin(), or use a second loader"));
+  }
   const auto timeout = state_->options.timeout;
   std::optional<ipc::Clock::time_point> deadline;
   if (timeout.count() > 0) deadline = ipc::Clock::now() + timeout;
@@ -245,11 +255,22 @@ void MultiProcessEpoch::dispatch_map() {
 }
 
 void MultiProcessEpoch::dispatch_iterable() {
-  // Strict round robin over the workers whose stream has not ended, so which worker produces
-  // batch k depends only on what has been delivered, never on timing: the output is the same
-  // from run to run.
   const std::size_t cap = *state_->options.prefetch_factor;
   auto& workers = pool_->workers;
+  if (!state_->options.in_order) {
+    // Out of order: every worker whose stream goes on keeps prefetch_factor tasks, so a slow
+    // worker never holds a fast one back.
+    for (auto& w : workers) {
+      while (!w.exhausted && !w.dead && w.undelivered < cap) {
+        ++w.undelivered;
+        send_task(w, next_task_++, {});
+      }
+    }
+    return;
+  }
+  // In order: strict round robin over the workers whose stream has not ended, so which worker
+  // produces batch k depends only on what has been delivered, never on timing: the output is
+  // the same from run to run.
   for (;;) {
     WorkerSlot* w = nullptr;
     for (std::size_t k = 0; k < workers.size(); ++k) {
@@ -269,10 +290,16 @@ void MultiProcessEpoch::dispatch_iterable() {
 void MultiProcessEpoch::send_task(WorkerSlot& w,
                                   std::uint64_t sequence,
                                   std::vector<std::int64_t> indices) {
-  auto bytes = ipc::encode(
-      ipc::IndexMessage(ipc::TaskMessage{epoch_, sequence, indices, std::move(w.recycled)}));
-  w.recycled.clear();
-  w.in_flight.push_back(TaskRecord{token_, epoch_, sequence, std::move(indices)});
+  std::vector<std::byte> bytes;
+  try {
+    bytes = ipc::encode(
+        ipc::IndexMessage(ipc::TaskMessage{epoch_, sequence, indices, std::move(w.recycled)}));
+    w.recycled.clear();
+    w.in_flight.push_back(TaskRecord{token_, epoch_, sequence, std::move(indices)});
+  } catch (...) {
+    // The sequence number is taken: an epoch that went on would wait for it forever.
+    fail(std::current_exception());
+  }
   post(w, std::move(bytes));
 }
 
@@ -365,6 +392,7 @@ void MultiProcessEpoch::handle_message(WorkerSlot& w,
   } catch (...) {
     fail(std::current_exception());
   }
+  std::vector<std::int64_t> answered;  // the indices of the task this message answers
   auto complete = [&](std::uint64_t epoch, std::uint64_t sequence) {
     if (w.in_flight.empty() || w.in_flight.front().epoch != epoch ||
         w.in_flight.front().sequence != sequence) {
@@ -375,6 +403,7 @@ void MultiProcessEpoch::handle_message(WorkerSlot& w,
     // A worker answers in order, so the front record says who asked: an earlier iterator's
     // answer is stale even when set_epoch() gave both iterators the same epoch number.
     const bool current = w.in_flight.front().token == token_;
+    answered = std::move(w.in_flight.front().indices);
     w.in_flight.pop_front();
     return current;
   };
@@ -464,6 +493,7 @@ void MultiProcessEpoch::handle_message(WorkerSlot& w,
     if (!current) return;
     WorkerFailure failure = failure_of(w);
     failure.batch = static_cast<std::int64_t>(m->sequence);
+    failure.indices = std::move(answered);  // the failed batch's, not the worker's other tasks
     failure.index = m->index;
     failure.type_name = m->type_name;
     failure.message = m->message;

@@ -56,6 +56,9 @@ void WorkerPool::start_worker() {
   spec.worker_id = workers.size();
   spec.num_workers = o.num_workers;
   spec.base_seed = *o.seed;
+  // A base drawn from the seed and the epoch the pool starts in (a pool of its own per epoch
+  // without persistent_workers, as PyTorch draws one per iterator), plus the worker's id.
+  spec.torch_seed = SampleContext::mix_seed(*o.seed, first_epoch_, -1) + spec.worker_id;
   spec.dataset = state_.dataset;
   spec.iterable = state_.iterable;
   spec.batch_size = o.batch_size;

@@ -68,7 +68,8 @@ class WorkerPool {
  public:
   // Prepares a pool; start_worker() forks them one at a time, so the first can start working
   // while the next is forked. Throws std::system_error if a process or channel cannot be made.
-  explicit WorkerPool(const LoaderState& state) : state_(state) {}
+  WorkerPool(const LoaderState& state, std::uint64_t first_epoch)
+      : state_(state), first_epoch_(first_epoch) {}
   void start_worker();
   bool all_started() const noexcept { return workers.size() == state_.options.num_workers; }
   ~WorkerPool() { shutdown(); }
@@ -107,7 +108,8 @@ class WorkerPool {
                           ipc::Channel main_data,
                           ipc::Channel worker_index,
                           ipc::Channel worker_data);
-  const LoaderState& state_;  // outlives the pool: the state owns or outlives every pool
+  const LoaderState& state_;   // outlives the pool: the state owns or outlives every pool
+  std::uint64_t first_epoch_;  // the epoch that started the pool
   bool stop_requested_ = false;
   bool stopped_ = false;
 };

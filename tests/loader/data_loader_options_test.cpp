@@ -40,8 +40,15 @@ TEST(DataLoaderOptions, DefaultsFollowPyTorch) {
   EXPECT_FALSE(o.persistent_workers);
   EXPECT_TRUE(o.in_order);
   EXPECT_FALSE(o.start_method.has_value());  // the process default, fork unless changed
-  EXPECT_EQ(resolve(o).start_method, StartMethod::kFork);
+  EXPECT_EQ(resolve({.num_workers = 2}).start_method, StartMethod::kFork);
+  EXPECT_FALSE(resolve(o).start_method.has_value());  // no workers, no start method
   EXPECT_EQ(to_string(StartMethod::kForkserver), "forkserver");
+}
+
+TEST(DataLoaderOptions, AStartMethodWithoutWorkersIsAnError) {
+  // As PyTorch's multiprocessing_context with num_workers=0: refused, not ignored.
+  EXPECT_THAT([] { resolve({.start_method = StartMethod::kSpawn}); },
+              ThrowsMessage<ConfigError>(HasSubstr("start_method=spawn needs worker processes")));
 }
 
 TEST(DataLoaderOptions, RejectsBatchSizeZero) {

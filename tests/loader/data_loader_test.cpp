@@ -278,6 +278,23 @@ TEST(DataLoader, PinMemoryWithoutCudaIsAConfigErrorNamingWhatIsMissing) {
 namespace ferry {
 namespace {
 
+TEST(DataLoader, ABoolFieldCollatesToABoolMask) {
+  // As PyTorch's default_collate: a mask, not int64 0/1 (which would gather rows 0 and 1).
+  class Flags : public Dataset {
+   public:
+    std::size_t size() const override { return 6; }
+    Example get(std::size_t i, SampleContext&) const override {
+      return {{"keep", i % 2 == 0}, {"i", static_cast<std::int64_t>(i)}};
+    }
+  };
+  DataLoader loader(std::make_shared<Flags>(), {.batch_size = 6});
+  auto it = loader.begin();
+  const Batch& batch = *it;
+  ASSERT_EQ(batch["keep"].scalar_type(), torch::kBool);
+  EXPECT_EQ(batch["i"].index({batch["keep"]}).sum().item<std::int64_t>(), 0 + 2 + 4);
+  EXPECT_EQ(Field(true).to_int(), 1);
+}
+
 TEST(DataLoaderStats, CountEverySkippedSampleAndListTheMostRecentOnes) {
   // 300 of 400 samples fail: all are counted, the last skipped_history are listed.
   DataLoader loader(std::make_shared<testing::FailingDataset>(400, 100, 400),

@@ -4,12 +4,14 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <fstream>
 #include <map>
 #include <optional>
 #include <set>
+#include <thread>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -345,6 +347,93 @@ TEST_P(MultiProcess, AWorkerErrorNamesWorkerPidIndexBatchAndType) {
   }
   ++it;
   EXPECT_EQ(it->indices(), (std::vector<std::int64_t>{8, 9, 10, 11}));
+}
+
+TEST_P(MultiProcess, AWorkerErrorCarriesTheIndicesOfTheBatchThatFailed) {
+  // error.h promises the failed batch's indices, not the worker's other queued tasks.
+  DataLoader loader(testing::failing(40, 13, 14), {.batch_size = 4, .num_workers = 1});
+  std::size_t errors = 0;
+  for (auto it = loader.begin(); it != loader.end(); ++it) {
+    try {
+      (void)*it;
+    } catch (const WorkerError& e) {
+      ++errors;
+      EXPECT_EQ(e.failure().index, 13);
+      EXPECT_EQ(e.failure().indices, (std::vector<std::int64_t>{12, 13, 14, 15}));
+    }
+  }
+  EXPECT_EQ(errors, 1u);
+}
+
+TEST(MultiProcessFork, ASecondBeginOnAPersistentLoaderEndsTheFirstIteratorWithAnError) {
+  DataLoader loader(testing::range(40),
+                    {.batch_size = 4, .num_workers = 2, .persistent_workers = true});
+  auto first = loader.begin();
+  EXPECT_EQ(first->size(), 4u);
+  auto second = loader.begin();  // takes the workers
+  ++first;
+  EXPECT_THAT([&] { (void)*first; },
+              ThrowsMessage<Error>(HasSubstr("was ended by a later begin() on the same loader")));
+  std::size_t n = 0;
+  for (; second != loader.end(); ++second) n += second->size();
+  EXPECT_EQ(n, 40u);
+}
+
+TEST(MultiProcessFork, WorkersSeedLibTorchsDefaultGeneratorFromTheLoadersSeed) {
+  // Code that draws without a generator (a transform ported from Python, dropout) gets other
+  // numbers in each worker, and the same ones from run to run, even after the main process
+  // seeded its own generator (which fork workers inherit).
+  class DrawsFromTheDefaultGenerator : public Dataset {
+   public:
+    std::size_t size() const override { return 40; }
+    Example get(std::size_t, SampleContext&) const override {
+      return {{"r", torch::rand({1}).item<double>()}};
+    }
+  };
+  auto run = [](std::uint64_t seed) {
+    torch::manual_seed(0);
+    DataLoader loader(std::make_shared<DrawsFromTheDefaultGenerator>(),
+                      {.batch_size = 1, .num_workers = 4, .seed = seed});
+    std::multiset<double> values;
+    for (auto& batch : loader) values.insert(batch["r"].item<double>());
+    return values;
+  };
+  const auto a = run(7);
+  EXPECT_EQ(std::set<double>(a.begin(), a.end()).size(), 40u) << "workers drew the same numbers";
+  EXPECT_EQ(run(7), a);
+  EXPECT_NE(run(8), a);
+}
+
+TEST(MultiProcessFork, OutOfOrderAnIterableDatasetsSlowWorkerDoesNotHoldTheOthersBack) {
+  // Worker 0's stream takes 200 ms an item, worker 1's none: out of order, the loop gets worker
+  // 1's items as they come instead of waiting for worker 0's turn.
+  class SlowFirstStream : public IterableDataset {
+   public:
+    std::unique_ptr<ExampleStream> stream(SampleContext& ctx) const override {
+      struct Stream : ExampleStream {
+        std::size_t worker = 0, next_value = 0;
+        std::optional<Example> next(SampleContext&) override {
+          if (next_value >= 6) return std::nullopt;
+          if (worker == 0) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+          return Example{{"worker", static_cast<std::int64_t>(worker)},
+                         {"value", static_cast<std::int64_t>(next_value++)}};
+        }
+      };
+      auto s = std::make_unique<Stream>();
+      s->worker = ctx.worker_id();
+      return s;
+    }
+  };
+  DataLoader loader(std::make_shared<SlowFirstStream>(),
+                    {.batch_size = 1, .num_workers = 2, .in_order = false});
+  std::vector<std::int64_t> first_six;
+  std::size_t n = 0;
+  for (auto& batch : loader) {
+    if (first_six.size() < 6) first_six.push_back(batch["worker"].item<std::int64_t>());
+    ++n;
+  }
+  EXPECT_EQ(n, 12u);
+  EXPECT_GE(std::count(first_six.begin(), first_six.end(), 1), 5) << "strict round robin";
 }
 
 TEST(MultiProcessFork, CollateMismatchInAWorkerIsABatchError) {

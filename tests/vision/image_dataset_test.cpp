@@ -451,7 +451,7 @@ TEST(Pipeline, BatchesIdenticalAcrossWorkersStartMethodsAndWorkerThreads) {
                                 .shuffle = true,
                                 .num_workers = workers,
                                 .seed = 7,
-                                .start_method = method,
+                                .start_method = workers > 0 ? std::optional(method) : std::nullopt,
                                 .worker_threads = threads});
     std::vector<torch::Tensor> images;
     for (auto& batch : loader) images.push_back(batch["image"].clone());
