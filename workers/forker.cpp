@@ -1,6 +1,7 @@
 #include "workers/forker.h"
 
 #include <pthread.h>
+#include <signal.h>
 #include <stdio_ext.h>
 #include <unistd.h>
 
@@ -82,6 +83,13 @@ class Forker {
   Forker() : thread_([this] { run(); }) { thread_.detach(); }
 
   void run() {
+    // No signal is handled on this thread, and a child forked here starts with every signal
+    // blocked, so a Ctrl-C to the process group between its fork and its set-up (SIGINT
+    // ignored) stays pending and is dropped, never killing a half-made worker. The worker
+    // unblocks them at the end of prepare_worker_process.
+    sigset_t all;
+    ::sigfillset(&all);
+    ::pthread_sigmask(SIG_BLOCK, &all, nullptr);
     for (;;) {
       ForkRequest* request;
       {

@@ -64,6 +64,8 @@ std::size_t thread_count() {
 void adopt(ipc::Channel control, pid_t pid) {
   register_parent_only_fd(control.fd());  // forked workers must not hold it
   g_server = new Server{::getpid(), std::move(control), ipc::ChildProcess(pid)};
+  // Its pidfd too: a fork worker (of any loader) must not hold the forkserver's pidfd.
+  if (g_server->process.pidfd() >= 0) register_parent_only_fd(g_server->process.pidfd());
 }
 
 // A fresh copy of this program that turns into a server in ferry::init.
@@ -193,6 +195,7 @@ pid_t forkserver_worker(int index_fd, int data_fd) {
     // request; otherwise it may have started a worker on these channel ends.
     close_parent_only_fd(g_server->control.release());
     (void)g_server->process.terminate(std::chrono::milliseconds(0));
+    close_parent_only_fd(g_server->process.take_pidfd());
     delete g_server;
     g_server = nullptr;
     if (pid == -2) {

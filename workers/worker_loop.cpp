@@ -117,6 +117,11 @@ void prepare_worker_process(const WorkerSpec& spec) {
     g_watchdog_prefix_len = std::min(g_watchdog_prefix_len, sizeof g_watchdog_prefix - 1);
     ::signal(SIGALRM, on_sample_timeout);
   }
+  // A fork worker starts with every signal blocked (the forker thread's mask); from here on its
+  // signals are its own. A SIGINT that came meanwhile is dropped (ignored above).
+  sigset_t none;
+  ::sigemptyset(&none);
+  ::pthread_sigmask(SIG_SETMASK, &none, nullptr);
 }
 
 namespace {

@@ -113,21 +113,23 @@ ExitStatus ChildProcess::terminate(std::chrono::milliseconds grace) noexcept {
   }
   killed_by_terminate_ = true;
   (void)::kill(pid_, SIGKILL);  // works on stopped processes too
-  int status = 0;
-  for (;;) {
-    const pid_t r = ::waitpid(pid_, &status, 0);
-    if (r == pid_) {
-      status_ = from_wait_status(status);
-      break;
+  // Dies at once, unless in uninterruptible sleep (a hung NFS read, a GPU driver call).
+  const auto deadline = std::chrono::steady_clock::now() + kKillWait;
+  while (!try_wait() && std::chrono::steady_clock::now() < deadline) {
+    if (pidfd_) {
+      pollfd p{pidfd_.get(), POLLIN, 0};
+      (void)::poll(&p, 1, 50);
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0 && errno != ECHILD) {
-      std::fprintf(stderr, "ferry: waitpid(%d) failed: %s\n", static_cast<int>(pid_),
-                   std::strerror(errno));
-    }
-    status_ = ExitStatus{};
-    break;
   }
+  if (status_) return *status_;
+  std::fprintf(stderr,
+               "ferry: process %d did not end within %.0f s of SIGKILL (uninterruptible sleep?); "
+               "not waiting for it any longer, it stays a zombie until this process exits\n",
+               static_cast<int>(pid_), static_cast<double>(kKillWait.count()) / 1000.0);
+  status_ = ExitStatus{};
+  status_->signal = SIGKILL;
   return *status_;
 }
 

@@ -27,7 +27,7 @@ const char* signal_abbrev(int signal) noexcept;
 
 /// Owns a child process: its pid, a pidfd where the kernel has one (readable once the child
 /// exits, so a death is an event, not a poll), and the duty to reap it. The destructor kills a
-/// child still running (SIGKILL) and always reaps, so no zombie outlives its owner. Move-only.
+/// child still running (SIGKILL) and reaps it, so no zombie outlives its owner. Move-only.
 class ChildProcess {
  public:
   ChildProcess() = default;
@@ -45,9 +45,14 @@ class ChildProcess {
 
   /// Reaps the child if it has exited; its status, or nullopt while it runs.
   std::optional<ExitStatus> try_wait() noexcept;
-  /// Waits up to `grace` for the child to exit on its own, then SIGKILLs it; always reaps.
-  /// Returns how it ended. noexcept: failures are logged.
+  /// Waits up to `grace` for the child to exit on its own, then SIGKILLs it and reaps it,
+  /// waiting at most kKillWait for the kernel to end it (a child in uninterruptible sleep can
+  /// outlast a SIGKILL: it is then left unreaped, and said so on stderr, rather than hang the
+  /// caller). Returns how it ended. noexcept: failures are logged.
   ExitStatus terminate(std::chrono::milliseconds grace) noexcept;
+  static constexpr std::chrono::milliseconds kKillWait{5000};
+  /// The pidfd, now the caller's (to close it when it is registered elsewhere); -1 if none.
+  UniqueFd take_pidfd() noexcept { return std::move(pidfd_); }
   void kill(int signal) noexcept;
   /// The status of a reaped child.
   const std::optional<ExitStatus>& status() const noexcept { return status_; }

@@ -113,6 +113,8 @@ WorkerSlot& WorkerPool::add_slot(std::size_t id,
   slot.index = std::move(main_index);
   slot.data = std::move(main_data);
   slot.process = ipc::ChildProcess(pid);
+  // Its pidfd is this process's alone: workers forked later must not hold it.
+  if (slot.process.pidfd() >= 0) workers::register_parent_only_fd(slot.process.pidfd());
   workers.push_back(std::move(slot));
   ++ready_workers;  // a fresh (spawn, forkserver) worker is not: see start_fresh_worker
   return workers.back();
@@ -177,8 +179,9 @@ void WorkerPool::request_stop() noexcept {
       (void)w.index.post(ipc::encode(ipc::IndexMessage(ipc::StopMessage{})));
     } catch (...) {
     }
-    workers::unregister_parent_only_fd(w.index.fd());
-    w.index.close();  // EOF for a worker that missed the stop message
+    // EOF for a worker that missed the stop message; unregistered and closed under one lock,
+    // so a fork for another loader cannot keep it open.
+    workers::close_parent_only_fd(w.index.release());
     // Its next "batch ready" fails, so a worker with tasks queued behind the stop message
     // exits after the batch in hand instead of loading them all.
     w.data.shutdown();
@@ -205,10 +208,8 @@ void WorkerPool::finish_stop(std::chrono::steady_clock::time_point deadline) noe
                            : "stuck while starting: in the program before ferry::init, or in the "
                              "dataset's factory?");
     }
-    if (w.data.valid()) {
-      workers::unregister_parent_only_fd(w.data.fd());
-      w.data.close();
-    }
+    if (w.data.valid()) workers::close_parent_only_fd(w.data.release());
+    workers::close_parent_only_fd(w.process.take_pidfd());
     w.segments.clear();  // batches still held keep their own mappings
   }
 }

@@ -609,7 +609,7 @@ TEST(ResourcesFork, ABatchThatCannotGetSharedMemoryIsAClearErrorNeverSigbus) {  
 
 TEST_P(Resources, AWorkerHoldsOnlyItsOwnChannels) {  // row 26: no worker keeps another's pipes
   in_child([] {
-    auto count_sockets = [](pid_t pid) {
+    auto count = [](pid_t pid, const std::string& kind) {
       int n = 0;
       for (int fd : testing::harness_internal::numeric_entries(
                ("/proc/" + std::to_string(pid) + "/fd").c_str())) {
@@ -617,11 +617,11 @@ TEST_P(Resources, AWorkerHoldsOnlyItsOwnChannels) {  // row 26: no worker keeps 
         const auto len =
             ::readlink(("/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd)).c_str(),
                        target, sizeof target - 1);
-        if (len > 0 && std::string(target, static_cast<std::size_t>(len)).rfind("socket:", 0) == 0)
-          ++n;
+        if (len > 0 && std::string(target, static_cast<std::size_t>(len)).rfind(kind, 0) == 0) ++n;
       }
       return n;
     };
+    auto count_sockets = [&](pid_t pid) { return count(pid, "socket:"); };
     DataLoader a(testing::ledger(100),
                  {.batch_size = 1, .num_workers = 2, .persistent_workers = true});
     DataLoader b(testing::ledger(100),
@@ -631,6 +631,9 @@ TEST_P(Resources, AWorkerHoldsOnlyItsOwnChannels) {  // row 26: no worker keeps 
     for (auto* it : {&ia, &ib}) {
       const auto pid = static_cast<pid_t>((**it)["pid"][0].item<std::int64_t>());
       REQUIRE(count_sockets(pid) == 2, "worker ", pid, " holds ", count_sockets(pid), " sockets");
+      // Nor the pidfds of the workers forked before it.
+      REQUIRE(count(pid, "anon_inode:[pidfd]") == 0, "worker ", pid, " holds ",
+              count(pid, "anon_inode:[pidfd]"), " pidfds");
     }
     return 0;
   });
