@@ -85,8 +85,12 @@ Config with_setting(const Config& node,
     throw ConfigError(detail::str("--set ", setting, ": ", walked, " is the value ",
                                   node.describe(), ", not a map with a key '", key, "'"));
   }
-  Config out = node;  // a map, or null: becomes one
-  const Config* child = node.is_map() ? node.find(key) : nullptr;
+  // A component written in the plain form ({image_folder: {root: ...}}) takes its options'
+  // keys as the {type: image_folder, root: ...} form does, so an override reaches the same key
+  // whichever form the file uses.
+  Config out = i > 0 && node.is_map() && node.find(key) == nullptr ? normalise_component(node)
+                                                                   : node;  // null: becomes a map
+  const Config* child = out.is_map() ? out.find(key) : nullptr;
   out.set(key, with_setting(child != nullptr ? *child : Config(), keys, i + 1, value, setting));
   return out;
 }

@@ -194,6 +194,26 @@ TEST_F(Pipelines, RelativePathsResolveAgainstTheFilesFolderNotTheWorkingDirector
   EXPECT_EQ(std::get<std::shared_ptr<Dataset>>(b.dataset)->size(), 2u);
 }
 
+TEST_F(Pipelines, ASettingReachesAComponentsKeyWhicheverFormTheFileUses) {
+  // configs/imagefolder-train.yaml writes `dataset: {image_folder: {root: ...}}`; --set
+  // dataset.root=X must reach that root, not add a key beside the type.
+  fs::create_directories(dir_ / "elsewhere");
+  vision::write_sample_images(dir_ / "elsewhere",
+                              {.classes = 2, .images_per_class = 3, .width = 32, .height = 32});
+  const std::string text =
+      "dataset: {image_folder: {root: data}}\n"
+      "transforms:\n  - random_resized_crop: {size: 32}\n  - to_tensor\n";
+  const Pipeline p = read_pipeline(file("p.yaml", text),
+                                   {.set = {"dataset.root=elsewhere", "transforms.0.size=16"}});
+  EXPECT_EQ(std::get<std::shared_ptr<Dataset>>(p.dataset)->size(), 6u);
+  // The resolved size is [16, 16] (random_resized_crop's square form), not the file's 32.
+  EXPECT_EQ(p.config.find("transforms")->items()[0].find("size")->items()[0].scalar(), "16");
+  // The plain form's own path still works.
+  const Pipeline q =
+      read_pipeline(file("q.yaml", text), {.set = {"dataset.image_folder.root=elsewhere"}});
+  EXPECT_EQ(std::get<std::shared_ptr<Dataset>>(q.dataset)->size(), 6u);
+}
+
 TEST_F(Pipelines, SettingsOverrideKeysListItemsAndAddMissingOnes) {
   const std::string text = std::string(kDataset) +
                            "transforms:\n  - random_resized_crop: {size: 32}\n  - to_tensor\n"
