@@ -60,16 +60,16 @@ class EpochGenerator {
  public:
   explicit EpochGenerator(std::uint64_t seed) : seed_(seed) {}
   std::uint64_t seed() const noexcept { return seed_; }
-  /// Returns what `draw(generator)` draws for epoch `epoch`, after replaying every earlier epoch
-  /// not yet drawn (`draw`, then `finish`). `finish(generator)` makes the draws PyTorch makes
+  /// Returns what `draw(generator, epoch)` draws for epoch `epoch`, after replaying every earlier
+  /// epoch not yet drawn (`draw`, then `finish`). `finish(generator)` makes the draws PyTorch makes
   /// at the end of an epoch, which change none of its indices (RandomSampler's final empty
   /// chunk); they are made only when a later epoch is asked for.
   template <class Draw, class Finish>
   auto at_epoch(std::uint64_t epoch, Draw&& draw, Finish&& finish)
-      -> decltype(draw(std::declval<at::Generator&>()));
+      -> decltype(draw(std::declval<at::Generator&>(), epoch));
   template <class Draw>
   auto at_epoch(std::uint64_t epoch, Draw&& draw)
-      -> decltype(draw(std::declval<at::Generator&>())) {
+      -> decltype(draw(std::declval<at::Generator&>(), epoch)) {
     return at_epoch(epoch, std::forward<Draw>(draw), [](at::Generator&) {});
   }
 
@@ -87,9 +87,15 @@ class EpochGenerator {
 /// generator=torch.Generator().manual_seed(seed))` iterated `epoch + 1` times.
 class RandomSampler : public Sampler {
  public:
+  /// Draws that torch.utils.data.DataLoader(shuffle=True, generator=g) makes from its sampler's
+  /// generator: one int64 (its workers' base seed) as each iterator is created, before that
+  /// epoch's order; in every epoch, or only in the first with persistent workers (whose one
+  /// iterator PyTorch keeps). DataLoader's `shuffle` sets it, so its orders are DataLoader's.
+  enum class LoaderDraw { kNone, kEveryEpoch, kFirstEpoch };
   struct Options {
     bool replacement = false;
     std::optional<std::size_t> num_samples{};  // default: the dataset size
+    LoaderDraw loader_draw = LoaderDraw::kNone;
   };
   /// Throws `ConfigError` if num_samples is 0.
   RandomSampler(std::size_t data_size, std::uint64_t seed, Options options);
@@ -103,6 +109,7 @@ class RandomSampler : public Sampler {
   std::size_t data_size_;
   std::size_t num_samples_;
   bool replacement_;
+  LoaderDraw loader_draw_;
   EpochGenerator generator_;
 };
 
@@ -207,18 +214,18 @@ class BatchSampler {
 
 template <class Draw, class Finish>
 auto EpochGenerator::at_epoch(std::uint64_t epoch, Draw&& draw, Finish&& finish)
-    -> decltype(draw(std::declval<at::Generator&>())) {
+    -> decltype(draw(std::declval<at::Generator&>(), epoch)) {
   at::Generator& generator = rewind_to(epoch);
   if (finish_pending_) {
     finish(generator);
     finish_pending_ = false;
   }
   while (next_epoch_ < epoch) {
-    (void)draw(generator);
+    (void)draw(generator, next_epoch_);
     finish(generator);
     ++next_epoch_;
   }
-  auto result = draw(generator);
+  auto result = draw(generator, epoch);
   ++next_epoch_;
   finish_pending_ = true;
   return result;

@@ -149,7 +149,13 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset,
   const DataLoaderOptions& o = state_->options;
   if (!sampler) {
     if (o.shuffle) {
-      sampler = std::make_shared<RandomSampler>(dataset->size(), *o.seed);
+      // The orders of DataLoader(shuffle=True, generator=torch.Generator().manual_seed(seed)),
+      // whose iterators draw their workers' base seed from the same generator.
+      sampler = std::make_shared<RandomSampler>(
+          dataset->size(), *o.seed,
+          RandomSampler::Options{.loader_draw = o.persistent_workers
+                                                    ? RandomSampler::LoaderDraw::kFirstEpoch
+                                                    : RandomSampler::LoaderDraw::kEveryEpoch});
     } else {
       sampler = std::make_shared<SequentialSampler>(dataset->size());
     }

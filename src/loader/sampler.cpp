@@ -142,6 +142,7 @@ RandomSampler::RandomSampler(std::size_t data_size, std::uint64_t seed, Options 
     : data_size_(data_size),
       num_samples_(options.num_samples.value_or(data_size)),
       replacement_(options.replacement),
+      loader_draw_(options.loader_draw),
       generator_(seed) {
   FERRY_CHECK(!options.num_samples || *options.num_samples > 0,
               "RandomSampler: num_samples=0; it must be a positive integer (or unset for the "
@@ -161,7 +162,12 @@ std::shared_ptr<const IndexOrder> RandomSampler::order(std::uint64_t epoch) {
   const std::size_t rest = num_samples_ % data_size_;
   // The same draws, in the same chunks, as torch.utils.data.RandomSampler.__iter__ (1.13+),
   // including its final (possibly empty) chunk, so the generator advances identically.
-  auto draw = [&](at::Generator& gen) {
+  auto draw = [&](at::Generator& gen, std::uint64_t e) {
+    if (loader_draw_ == LoaderDraw::kEveryEpoch ||
+        (loader_draw_ == LoaderDraw::kFirstEpoch && e == 0)) {
+      // DataLoader's new iterator: torch.empty((), dtype=torch.int64).random_(generator=g)
+      (void)at::empty({}, at::kLong).random_(gen);
+    }
     if (replacement_) {
       at::Tensor out = at::empty({static_cast<std::int64_t>(num_samples_)}, at::kLong);
       const std::size_t chunks = num_samples_ / 32;
@@ -202,7 +208,7 @@ std::vector<std::int64_t> SubsetRandomSampler::indices(std::uint64_t epoch) {
 
 std::shared_ptr<const IndexOrder> SubsetRandomSampler::order(std::uint64_t epoch) {
   at::Tensor perm = generator_.at_epoch(
-      epoch, [&](at::Generator& gen) { return randperm(subset_->size(), gen); });
+      epoch, [&](at::Generator& gen, std::uint64_t) { return randperm(subset_->size(), gen); });
   return std::make_shared<SubsetOrder>(subset_, std::move(perm));
 }
 
@@ -237,7 +243,8 @@ std::vector<std::int64_t> WeightedRandomSampler::indices(std::uint64_t epoch) {
 }
 
 std::shared_ptr<const IndexOrder> WeightedRandomSampler::order(std::uint64_t epoch) {
-  return std::make_shared<TensorOrder>(generator_.at_epoch(epoch, [&](at::Generator& gen) {
+  return std::make_shared<TensorOrder>(generator_.at_epoch(epoch, [&](at::Generator& gen,
+                                                                      std::uint64_t) {
     return at::multinomial(weights_, static_cast<std::int64_t>(num_samples_), replacement_, gen);
   }));
 }

@@ -2,8 +2,10 @@
 """Writes the goldens that tests/loader/sampler_test.cpp holds ferry's samplers to: index orders
 of PyTorch's samplers.
 
-  samplers.txt             RandomSampler, SubsetRandomSampler, DistributedSampler: the same from
-                           every torch version checked (1.13 and 2.11 write identical lines).
+  samplers.txt             RandomSampler, SubsetRandomSampler, DistributedSampler, and
+                           DataLoader(shuffle=True, generator=g) (whose iterators draw a base
+                           seed from g before each order): the same from every torch version
+                           checked (the sampler lines from 1.13 and 2.11 are identical).
   weighted-torchX.Y.txt    WeightedRandomSampler: torch.multinomial's draws changed between
                            versions, so each LibTorch X.Y is compared only with goldens from the
                            same version (the test skips, naming this script, where there are none).
@@ -23,8 +25,8 @@ import os
 import sys
 
 import torch
-from torch.utils.data import (DistributedSampler, RandomSampler, SubsetRandomSampler,
-                              WeightedRandomSampler)
+from torch.utils.data import (DataLoader, DistributedSampler, RandomSampler,
+                              SubsetRandomSampler, WeightedRandomSampler)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -88,6 +90,19 @@ def main():
                                 lines.append(line("distributed", dict(
                                     n=n, world=world, rank=rank, shuffle=int(shuffle),
                                     drop_last=int(drop_last), seed=seed, epoch=epoch), list(s)))
+    # DataLoader(shuffle=True): each new iterator draws its workers' base seed from the
+    # generator before the sampler's order; with persistent_workers the one iterator is kept.
+    for n in [1, 7, 100]:
+        for seed in seeds:
+            for persistent in [False, True]:
+                g = torch.Generator().manual_seed(seed)
+                loader = DataLoader(range(n), batch_size=3, shuffle=True, generator=g,
+                                    num_workers=2 if persistent else 0,
+                                    persistent_workers=persistent)
+                for epoch in range(3):
+                    order = [int(i) for batch in loader for i in batch]
+                    lines.append(line("dataloader", dict(
+                        n=n, seed=seed, persistent=int(persistent), epoch=epoch), order))
     version = ".".join(torch.__version__.split("+")[0].split(".")[:2])
     for name, content in [("samplers.txt", lines), (f"weighted-torch{version}.txt", weighted_lines)]:
         path = os.path.join(args.out_dir, name)

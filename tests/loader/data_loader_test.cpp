@@ -84,10 +84,12 @@ TEST(DataLoader, CollatesFieldsIntoTensors) {
 }
 
 TEST(DataLoader, ShuffleFollowsRandomSamplerAndChangesPerEpoch) {
+  // DataLoader(shuffle=True, generator=g)'s orders: a RandomSampler on g that each iterator
+  // first draws a base seed from (golden orders: multi_process_test.cpp).
   DataLoader loader(std::make_shared<RangeDataset>(20),
                     {.batch_size = 20, .shuffle = true, .seed = 42});
   EXPECT_EQ(loader.options().seed, 42u);
-  RandomSampler reference(20, 42);
+  RandomSampler reference(20, 42, {.loader_draw = RandomSampler::LoaderDraw::kEveryEpoch});
   const auto e0 = epoch_indices(loader);
   const auto e1 = epoch_indices(loader);
   EXPECT_EQ(e0.at(0), reference.indices(0));

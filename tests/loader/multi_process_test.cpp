@@ -8,9 +8,11 @@
 #include <cinttypes>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include <gmock/gmock.h>
@@ -63,8 +65,14 @@ TEST_P(ExactlyOnce, EveryIndexOnceEveryByteRightInSamplerOrder) {
                               .seed = 17,
                               .start_method = p.method});
   for (std::uint64_t epoch = 0; epoch < 2; ++epoch) {
+    // shuffle's orders: DataLoader(shuffle=True, generator=g)'s (a base seed drawn first).
+    const auto draw = p.persistent ? RandomSampler::LoaderDraw::kFirstEpoch
+                                   : RandomSampler::LoaderDraw::kEveryEpoch;
     const auto expected =
-        BatchSampler(std::make_shared<RandomSampler>(kSize, 17), kBatch, false).batches(epoch);
+        BatchSampler(std::make_shared<RandomSampler>(kSize, 17,
+                                                     RandomSampler::Options{.loader_draw = draw}),
+                     kBatch, false)
+            .batches(epoch);
     std::vector<int> seen(kSize, 0);
     std::vector<std::vector<std::int64_t>> order;
     std::set<std::int64_t> workers_used;
@@ -363,6 +371,49 @@ TEST_P(MultiProcess, AWorkerErrorCarriesTheIndicesOfTheBatchThatFailed) {
     }
   }
   EXPECT_EQ(errors, 1u);
+}
+
+TEST(MultiProcessFork, ShuffledOrdersAreThoseOfPyTorchsDataLoaderWithTheSameGenerator) {
+  // DataLoader(range(n), shuffle=True, generator=torch.Generator().manual_seed(seed)): each new
+  // iterator draws its workers' base seed from the generator before the order (persistent
+  // workers: only the first). tests/golden/make_sampler_golden.py writes the "dataloader" lines.
+  std::ifstream in(std::string(FERRY_GOLDEN_DIR) + "/samplers.txt");
+  ASSERT_TRUE(in.good());
+  std::size_t cases = 0;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("dataloader ", 0) != 0) continue;
+    std::size_t n = 0, persistent = 0, epoch = 0;
+    unsigned long long seed = 0;
+    ASSERT_EQ(std::sscanf(line.c_str(), "dataloader n=%zu seed=%llu persistent=%zu epoch=%zu", &n,
+                          &seed, &persistent, &epoch),
+              4)
+        << line;
+    if (epoch != 0) continue;  // one loader walks epochs 0..2 below
+    std::vector<std::vector<std::int64_t>> expected;
+    std::ifstream again(std::string(FERRY_GOLDEN_DIR) + "/samplers.txt");
+    const std::string head = line.substr(0, line.find(" epoch="));
+    for (std::string other; std::getline(again, other);) {
+      if (other.rfind(head + " epoch=", 0) != 0) continue;
+      std::istringstream values(other.substr(other.find(" : ") + 3));
+      expected.emplace_back(std::istream_iterator<std::int64_t>(values),
+                            std::istream_iterator<std::int64_t>());
+    }
+    ASSERT_EQ(expected.size(), 3u) << head;
+    DataLoader loader(testing::range(n), {.batch_size = 3,
+                                          .shuffle = true,
+                                          .num_workers = persistent ? 2u : 0u,
+                                          .persistent_workers = persistent != 0,
+                                          .seed = seed});
+    for (std::size_t e = 0; e < 3; ++e) {
+      std::vector<std::int64_t> order;
+      for (auto& batch : loader) {
+        order.insert(order.end(), batch.indices().begin(), batch.indices().end());
+      }
+      EXPECT_EQ(order, expected[e]) << head << " epoch=" << e;
+    }
+    ++cases;
+  }
+  EXPECT_EQ(cases, 18u);
 }
 
 TEST(MultiProcessFork, ASecondBeginOnAPersistentLoaderEndsTheFirstIteratorWithAnError) {
