@@ -3,6 +3,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdio_ext.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -142,6 +143,11 @@ class Forker {
 };
 
 }  // namespace
+
+void follow_parent(pid_t parent) noexcept {
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (parent > 0 && ::getppid() != parent) ::_exit(0);
+}
 
 void register_parent_only_fd(int fd) {
   std::lock_guard<std::mutex> lock(registry_mutex());

@@ -10,9 +10,11 @@
 
 namespace ferry::workers {
 
-// Descriptors of the main process that no worker may keep: the loader's ends of every channel
-// and its wake-up fds. A forked worker closes all of them first thing, so a worker of loader B
-// never holds loader A's channels open (A's workers would never see EOF) (RELIABILITY row 26).
+// Descriptors of the main process that no worker may keep: the loader's ends of every channel,
+// its wake-up eventfds, the pidfds of workers and of the forkserver, and the forkserver's control
+// channel. A forked worker closes all of them first thing and keeps every other descriptor of the
+// process (a dataset's open files, say, as fork promises), so a worker of loader B never holds
+// loader A's channels open (A's workers would never see EOF) (RELIABILITY row 26).
 void register_parent_only_fd(int fd);
 void unregister_parent_only_fd(int fd);
 // Unregisters and closes `fd` in one step, under the registry's lock, so no fork in between
@@ -33,11 +35,17 @@ WorkerChannels make_worker_channels();
 // Forks a worker from one long-lived internal thread. PR_SET_PDEATHSIG fires when the thread
 // that forked exits, so forking from the caller's thread would kill the workers of a loader
 // created on a short-lived thread; forking from this thread makes the signal mean "the process
-// died". In the child: the parent-only descriptors are closed, then `child_main` runs and must
-// not return; it keeps `close_after_fork` (its own channel ends) open. In the parent, those are
-// unregistered and closed before any other fork can happen. Returns the child's pid; throws
-// std::system_error.
+// died". The thread blocks every signal, so the child starts with all of them blocked (it
+// unblocks them once set up). In the child: the parent-only descriptors are closed, then
+// `child_main` runs and must not return; it keeps `close_after_fork` (its own channel ends) open.
+// In the parent, those are unregistered and closed before any other fork can happen. Returns the
+// child's pid; throws std::system_error.
 pid_t fork_worker(std::function<void()> child_main, std::vector<ipc::UniqueFd> close_after_fork);
+
+// In a process ferry started (a fork worker, the forkserver, a spawned worker), first thing:
+// SIGKILL when the parent dies (PR_SET_PDEATHSIG), and the race closed: if `parent` (when > 0)
+// died before that took effect, exit now. No worker outlives the process that started it.
+void follow_parent(pid_t parent) noexcept;
 
 // Runs `start` (which starts a process: posix_spawn of a worker or of a forkserver) on the same
 // long-lived thread, for the same reason: the new process's parent-death signal must mean "the

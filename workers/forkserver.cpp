@@ -164,8 +164,7 @@ void start_forkserver_now() {
   const pid_t pid = ::fork();
   if (pid == 0) {
     mine.close();
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(0);
+    follow_parent(parent);
     run_forkserver(std::move(theirs), parent);
   }
   if (pid < 0) return;  // the first forkserver loader spawns one instead

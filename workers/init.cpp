@@ -2,7 +2,6 @@
 // never return; in the program itself, remember that init ran and fork the forkserver.
 
 #include <signal.h>
-#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -13,6 +12,7 @@
 
 #include "ferry/registry.h"
 
+#include "workers/forker.h"
 #include "workers/forkserver.h"
 #include "workers/spawn.h"
 
@@ -27,13 +27,6 @@ int parse_fd(const char* s) {
   const std::string_view text(s);
   const auto r = std::from_chars(text.data(), text.data() + text.size(), v);
   return (r.ec == std::errc() && r.ptr == text.data() + text.size()) ? v : -1;
-}
-
-// Parent-death signal before anything else, and the race closed: a worker never outlives the
-// process that started it.
-void follow_parent(pid_t parent) {
-  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (parent > 0 && ::getppid() != parent) ::_exit(0);
 }
 
 }  // namespace

@@ -21,14 +21,12 @@
 #include "ipc/child_process.h"
 #include "ipc/protocol.h"
 #include "workers/fetch.h"
+#include "workers/forker.h"
 #include "workers/segment_pool.h"
 
 namespace ferry::workers {
 
 namespace {
-
-// How long an idle worker polls for its next task before it sleeps (see Channel).
-constexpr std::chrono::microseconds kSpinBeforeSleep{50};
 
 // Written from the fatal-signal handler: prepared beforehand, only write() at crash time.
 char g_crash_prefix[96];
@@ -100,9 +98,8 @@ void prepare_worker_process(const WorkerSpec& spec) {
   // then stays at its peak working set, which it needs again for the next batch anyway.
   ::mallopt(M_MMAP_THRESHOLD, 32 << 20);
   ::mallopt(M_TRIM_THRESHOLD, 512 << 20);
-  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (::getppid() != spec.parent_pid) ::_exit(0);  // the parent died before prctl took effect
-  ::signal(SIGINT, SIG_IGN);                       // Ctrl-C is the main process's decision
+  follow_parent(spec.parent_pid);
+  ::signal(SIGINT, SIG_IGN);  // Ctrl-C is the main process's decision
   ::signal(SIGPIPE, SIG_IGN);
   g_crash_prefix_len = static_cast<std::size_t>(std::snprintf(
       g_crash_prefix, sizeof g_crash_prefix, "ferry: DataLoader worker %zu (pid %d) got a fatal ",
@@ -194,7 +191,7 @@ class Worker {
       fds.clear();
       bool got = false;
       try {
-        if (spec_.spin) (void)index_.spin_until_readable(kSpinBeforeSleep);
+        if (spec_.spin) (void)index_.spin_until_readable();
         got = index_.receive(bytes, fds);
       } catch (...) {
         fatal(0, "the index channel failed: ");

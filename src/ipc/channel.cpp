@@ -215,12 +215,17 @@ bool Channel::receive(std::vector<std::byte>& message, std::vector<UniqueFd>& fd
   }
 }
 
-bool Channel::spin_until_readable(std::chrono::microseconds spin) const {
+bool spin_poll(pollfd* fds, std::size_t count, std::chrono::microseconds spin) {
   const auto until = Clock::now() + spin;
   do {
-    if (readable_now()) return true;
+    if (::poll(fds, count, 0) > 0) return true;
   } while (Clock::now() < until);
   return false;
+}
+
+bool Channel::spin_until_readable(std::chrono::microseconds spin) const {
+  pollfd p{fd_.get(), POLLIN, 0};
+  return spin_poll(&p, 1, spin);
 }
 
 bool Channel::peer_hung_up() const {

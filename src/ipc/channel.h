@@ -11,9 +11,18 @@
 
 #include "ipc/unique_fd.h"
 
+struct pollfd;
+
 namespace ferry::ipc {
 
 using Clock = std::chrono::steady_clock;
+
+/// How long a reader polls without sleeping before it blocks, when it has a core to itself: the
+/// peer's next message is usually microseconds away, and a sleep and a cross-CPU wake-up cost
+/// more than that, which dominates small-batch latency.
+inline constexpr std::chrono::microseconds kSpinBeforeSleep{50};
+/// Polls `fds` without sleeping for up to `spin`; true as soon as one has an event.
+bool spin_poll(pollfd* fds, std::size_t count, std::chrono::microseconds spin = kSpinBeforeSleep);
 
 /// One end of a Unix SOCK_SEQPACKET socket pair carrying whole messages of any length, with
 /// descriptors passed alongside (SCM_RIGHTS). A message longer than one packet is split and
@@ -72,10 +81,8 @@ class Channel {
   bool peer_hung_up() const;
   /// Stops both directions without closing: the peer's sends fail from now on.
   void shutdown() noexcept;
-  /// Polls without sleeping for up to `spin`; true as soon as the channel is readable. A reader
-  /// that spins briefly before blocking usually finds the peer's next message already there,
-  /// and skips a sleep and a cross-CPU wake-up, which dominate small-batch latency.
-  bool spin_until_readable(std::chrono::microseconds spin) const;
+  /// spin_poll() on this channel: true as soon as it is readable (or the peer hung up).
+  bool spin_until_readable(std::chrono::microseconds spin = kSpinBeforeSleep) const;
 
  private:
   struct Outgoing {

@@ -7,11 +7,7 @@ namespace ferry::detail {
 namespace {
 
 void check_open(const LoaderState& state) {
-  if (state.closed) {
-    throw LoaderClosed(
-        "DataLoader: the loader was destroyed while this iterator was in use; keep "
-        "the loader alive for as long as you iterate it");
-  }
+  if (state.closed) throw_loader_closed("while this iterator was in use");
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "loader/loader_state.h"
 
+#include <thread>
 #include <typeinfo>
 
 #include "ferry/error.h"
@@ -37,6 +38,15 @@ void LoaderState::record_skipped(std::uint64_t epoch,
     recent_skipped.push_back({epoch, s.index, detail::str(s.type_name, ": ", s.message)});
     if (keep > 0 && recent_skipped.size() > keep) recent_skipped.pop_front();
   }
+}
+
+void throw_loader_closed(const char* when) {
+  throw LoaderClosed(detail::str("DataLoader: the loader was destroyed or closed ", when,
+                                 "; keep the loader alive for as long as you iterate it"));
+}
+
+bool spin_before_sleep(const DataLoaderOptions& options) noexcept {
+  return options.num_workers < std::thread::hardware_concurrency();
 }
 
 Batch deliver(device::StagedBatch staged, const LoaderState& state) {

@@ -49,7 +49,8 @@ struct LoaderState {
   std::shared_ptr<collate::BufferPool> buffers = std::make_shared<collate::BufferPool>();
 
   // Worker processes. `use_mutex` is held by an iterator while it works, so close() (from any
-  // thread) waits for it to leave; `wake` (an eventfd) interrupts its wait.
+  // thread) waits for it to leave; `wake` (an eventfd) interrupts its wait in poll, so close()
+  // from another thread ends a next() that waits for a batch (it raises LoaderClosed).
   std::mutex use_mutex;
   std::atomic<bool> closed{false};
   ipc::UniqueFd wake;
@@ -90,6 +91,14 @@ class EpochPlan {
   std::vector<std::vector<std::int64_t>> lists_;
   std::size_t count_ = 0;
 };
+
+// The LoaderClosed an iterator raises once its loader was destroyed or closed; `when` says at
+// which point ("while next() waited for a batch").
+[[noreturn]] void throw_loader_closed(const char* when);
+
+// Whether the main process and the workers poll briefly before sleeping (ipc::spin_poll): only
+// when each of them has a core to itself.
+bool spin_before_sleep(const DataLoaderOptions& options) noexcept;
 
 // Counts a batch as delivered and hands it to the training loop through the device stage (which
 // started it when it arrived: its copy may already be done).

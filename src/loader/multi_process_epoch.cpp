@@ -50,9 +50,9 @@ MultiProcessEpoch::MultiProcessEpoch(std::shared_ptr<LoaderState> state, std::ui
     : state_(std::move(state)),
       epoch_(epoch),
       iterable_(state_->dataset == nullptr),
-      spin_(state_->options.num_workers < std::thread::hardware_concurrency()) {
+      spin_(spin_before_sleep(state_->options)) {
   std::lock_guard<std::mutex> lock(state_->use_mutex);
-  if (state_->closed) throw LoaderClosed("DataLoader: the loader was closed");
+  if (state_->closed) throw_loader_closed("before this epoch started");
   token_ = state_->next_token++;
   if (!iterable_) plan_ = EpochPlan(*state_->batch_sampler, epoch_);
   std::erase_if(state_->pools, [](const auto& weak) { return weak.expired(); });
@@ -115,9 +115,7 @@ std::optional<Batch> MultiProcessEpoch::next() {
 
 std::optional<Batch> MultiProcessEpoch::next_locked() {
   if (state_->closed) {
-    throw LoaderClosed(
-        "DataLoader: the loader was destroyed or closed while this iterator was in "
-        "use; keep the loader alive for as long as you iterate it");
+    throw_loader_closed("while this iterator was in use");
   }
   if (failed_) return std::nullopt;
   if (pool_->owner_token != token_) {
@@ -321,13 +319,8 @@ bool MultiProcessEpoch::wait_and_receive(std::optional<ipc::Clock::time_point> d
     // Its index channel, while tasks or recycles wait to go out on it.
     fds.push_back({w.dead || !w.index.has_queued() ? -1 : w.index.fd(), POLLOUT, 0});
   }
-  // With a core to spare, poll briefly before sleeping: the next batch is usually microseconds
-  // away, and a sleep and wake-up cost more than the wait (see Channel::spin_until_readable).
-  if (spin_) {
-    const auto until = ipc::Clock::now() + kSpinBeforeSleep;
-    while (::poll(fds.data(), fds.size(), 0) == 0 && ipc::Clock::now() < until) {
-    }
-  }
+  // With a core to spare, poll briefly before sleeping (see ipc::kSpinBeforeSleep).
+  if (spin_) (void)ipc::spin_poll(fds.data(), fds.size());
   int timeout_ms = -1;
   const auto started = ipc::Clock::now();
   if (deadline) {
@@ -341,7 +334,7 @@ bool MultiProcessEpoch::wait_and_receive(std::optional<ipc::Clock::time_point> d
   }
   if (n == 0) return true;
   if (fds[0].revents != 0 && state_->closed) {
-    throw LoaderClosed("DataLoader: the loader was closed while next() waited for a batch");
+    throw_loader_closed("while next() waited for a batch");
   }
   for (std::size_t i = 0; i < workers.size(); ++i) {
     WorkerSlot& w = workers[i];

@@ -83,7 +83,6 @@ class MultiProcessEpoch final : public EpochIterator {
   std::deque<Result> arrived_;             // out of order: results as they came
   std::size_t round_robin_ = 0;
   bool spin_;  // poll briefly before sleeping: only when main and workers each have a core
-  static constexpr std::chrono::microseconds kSpinBeforeSleep{50};
   bool failed_ = false;
   std::vector<pollfd> pollfds_;
   std::vector<std::byte> message_;  // the last message received, its buffer reused

@@ -67,7 +67,7 @@ void WorkerPool::start_worker() {
   spec.worker_init_fn = o.worker_init_fn;
   spec.keep_free_segments = *o.prefetch_factor + 1;
   spec.parent_pid = ::getpid();
-  spec.spin = o.num_workers < std::thread::hardware_concurrency();
+  spec.spin = spin_before_sleep(o);
   spec.sample_timeout = o.sample_timeout;
   spec.worker_threads = o.worker_threads;
   spec.skip_errors = o.on_error == OnError::kSkip;

@@ -66,10 +66,11 @@ void set_startup_limit(std::chrono::milliseconds limit) noexcept;
 // The worker processes of one loader (for one epoch, or for all with persistent_workers).
 class WorkerPool {
  public:
-  // Prepares a pool; start_worker() forks them one at a time, so the first can start working
-  // while the next is forked. Throws std::system_error if a process or channel cannot be made.
+  // Prepares a pool for workers started by start_worker(), one at a time, so the first can
+  // start working while the next is forked; `first_epoch` seeds their LibTorch generators.
   WorkerPool(const LoaderState& state, std::uint64_t first_epoch)
       : state_(state), first_epoch_(first_epoch) {}
+  // Starts the next worker. Throws std::system_error if its process or channels cannot be made.
   void start_worker();
   bool all_started() const noexcept { return workers.size() == state_.options.num_workers; }
   ~WorkerPool() { shutdown(); }
