@@ -13,6 +13,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <exception>
 #include <map>
 #include <memory>
@@ -109,10 +110,18 @@ FetchedBatch fetch_batch(const Dataset& dataset,
 #if defined(FERRY_HAS_TBB)
     std::vector<std::optional<Example>> loaded(n);
     std::vector<std::exception_ptr> errors(n);
+    std::atomic<bool> stopped{false};
     arena_for(options.threads).execute([&] {
       tbb::parallel_for(tbb::blocked_range<std::size_t>(0, n, 1),
                         [&](const tbb::blocked_range<std::size_t>& range) {
                           for (std::size_t i = range.begin(); i != range.end(); ++i) {
+                            // A loader shutting down: the samples in hand finish, no more
+                            // start (as one thread stops after its sample).
+                            if (stopped.load(std::memory_order_relaxed) ||
+                                (options.stop_requested && options.stop_requested())) {
+                              stopped.store(true, std::memory_order_relaxed);
+                              return;
+                            }
                             try {
                               loaded[i] =
                                   load_one(dataset, indices[i], epoch, who, options.outputs, i);
@@ -122,6 +131,10 @@ FetchedBatch fetch_batch(const Dataset& dataset,
                           }
                         });
     });
+    if (stopped.load()) {
+      out.stopped = true;
+      return out;
+    }
     for (std::size_t i = 0; i < n; ++i) {  // in index order: the first failure is the one raised
       if (errors[i]) {
         failed(i, errors[i]);

@@ -31,6 +31,7 @@
 #include "support/process_harness.h"
 #include "support/registered.h"
 #include "support/start_methods.h"
+#include "workers/fetch.h"
 
 namespace ferry {
 namespace {
@@ -539,6 +540,32 @@ TEST(ShutdownFork, WorkersAskedToStopLeaveQueuedWorkUndone) {  // row 10: exit 0
     it = DataLoader::Iterator();
     loader.reset();
     REQUIRE(seconds_since(start) < 0.5, "stopping took ", seconds_since(start), " s");
+    return 0;
+  });  // and in_child checks that no worker had to be killed
+}
+
+TEST(ShutdownFork, WorkersLoadingWithSeveralThreadsStopWhenAskedToo) {  // row 10
+  if (!workers::parallel_fetch_available()) GTEST_SKIP() << "a build without TBB";
+  in_child([] {
+    class Slow : public LedgerDataset {
+     public:
+      Slow() : LedgerDataset(400, 64) {}
+      Example get(std::size_t i, SampleContext& ctx) const override {
+        std::this_thread::sleep_for(50ms);
+        return LedgerDataset::get(i, ctx);
+      }
+    };
+    // A batch of 64 samples x 50 ms over 2 threads: 1.6 s each, longer than the shutdown grace;
+    // stopped after the samples in hand, no worker is killed.
+    auto loader = std::make_unique<DataLoader>(
+        std::make_shared<Slow>(),
+        DataLoaderOptions{.batch_size = 64, .num_workers = 2, .worker_threads = 2});
+    auto it = loader->begin();
+    (void)it;
+    std::this_thread::sleep_for(200ms);
+    const auto start = Clock::now();
+    loader.reset();
+    REQUIRE(seconds_since(start) < 0.9, "stopping took ", seconds_since(start), " s");
     return 0;
   });  // and in_child checks that no worker had to be killed
 }
