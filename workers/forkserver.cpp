@@ -172,6 +172,15 @@ void start_forkserver_now() {
   adopt(std::move(mine), pid);
 }
 
+// Stops (if need be), reaps and forgets this process's server. Under server_mutex().
+static void drop_server() noexcept {
+  close_parent_only_fd(g_server->control.release());
+  (void)g_server->process.terminate(std::chrono::milliseconds(0));
+  close_parent_only_fd(g_server->process.take_pidfd());
+  delete g_server;
+  g_server = nullptr;
+}
+
 pid_t forkserver_worker(int index_fd, int data_fd) {
   std::lock_guard<std::mutex> lock(server_mutex());
   for (int attempt = 0; attempt < 2; ++attempt) {
@@ -192,11 +201,7 @@ pid_t forkserver_worker(int index_fd, int data_fd) {
     }
     // The server died or hung: reap it. Ask a fresh one only if this one never took the
     // request; otherwise it may have started a worker on these channel ends.
-    close_parent_only_fd(g_server->control.release());
-    (void)g_server->process.terminate(std::chrono::milliseconds(0));
-    close_parent_only_fd(g_server->process.take_pidfd());
-    delete g_server;
-    g_server = nullptr;
+    drop_server();
     if (pid == -2) {
       throw Error(detail::str("the forkserver (pid ", server,
                               ") took a request for a DataLoader worker and did not answer "
@@ -206,6 +211,12 @@ pid_t forkserver_worker(int index_fd, int data_fd) {
   throw Error(
       "the forkserver was gone twice in a row; DataLoader workers cannot start (use "
       "start_method=spawn or fork)");
+}
+
+void reap_dead_forkserver() noexcept {
+  std::lock_guard<std::mutex> lock(server_mutex());
+  if (g_server == nullptr || g_server->owner != ::getpid()) return;
+  if (g_server->process.try_wait()) drop_server();
 }
 
 pid_t forkserver_pid() noexcept {

@@ -59,6 +59,10 @@ pid_t forkserver_worker(int index_fd, int data_fd);
 // The forkserver's pid in this process, or -1 (tests exclude it when counting children).
 pid_t forkserver_pid() noexcept;
 
+// Reaps this process's forkserver if it has died (no zombie is left while only other start
+// methods run); the next forkserver loader starts a fresh one. Called at every worker start.
+void reap_dead_forkserver() noexcept;
+
 // The SetupMessage that carries `spec`'s settings and the two configurations to a fresh worker,
 // and the WorkerSpec (settings only; no dataset yet) a worker makes of it.
 ipc::SetupMessage setup_message(const WorkerSpec& spec,

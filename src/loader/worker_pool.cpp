@@ -47,6 +47,7 @@ void LoaderState::close() noexcept {
 }
 
 void WorkerPool::start_worker() {
+  workers::reap_dead_forkserver();  // a forkserver that died meanwhile is no zombie for long
   const DataLoaderOptions& o = state_.options;
   FERRY_ASSERT(workers.size() < o.num_workers && !stopped_);
   workers.reserve(o.num_workers);

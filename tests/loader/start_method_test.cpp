@@ -2,6 +2,7 @@
 // forkserver handshake (configuration hash, dataset size), the errors of RELIABILITY row 5 under
 // spawn and forkserver, parallel start-up (pytorch#71543), and fork after CUDA (row 22).
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -85,6 +86,32 @@ TEST(StartMethods, InitRanAndTheForkserverIsAChildOfThisProcess) {
     stat >> pid >> comm >> state >> ppid;
     EXPECT_EQ(ppid, ::getpid()) << "worker " << worker;
   }
+  EXPECT_GT(workers::forkserver_pid(), 0);
+}
+
+TEST(Forkserver, AForkserverThatDiesWhileOnlyForkLoadersRunIsReapedAndReplaced) {
+  const pid_t server = workers::forkserver_pid();
+  ASSERT_GT(server, 0) << "ferry::init starts one in this test program";
+  ASSERT_EQ(::kill(server, SIGKILL), 0);
+  auto state = [&] {
+    std::ifstream stat("/proc/" + std::to_string(server) + "/stat");
+    std::string pid, comm, s;
+    stat >> pid >> comm >> s;
+    return s;  // "Z" while a zombie, "" once reaped
+  };
+  for (int i = 0; i < 200 && state() != "Z"; ++i) std::this_thread::sleep_for(10ms);
+  ASSERT_EQ(state(), "Z");
+  DataLoader fork_loader(testing::range(8),
+                         {.batch_size = 4, .num_workers = 1, .start_method = StartMethod::kFork});
+  for (auto& batch : fork_loader) (void)batch;
+  EXPECT_EQ(state(), "") << "the dead forkserver is still a zombie";
+  EXPECT_EQ(workers::forkserver_pid(), -1);
+  // The next forkserver loader gets a fresh server.
+  DataLoader loader(testing::range(8),
+                    {.batch_size = 4, .num_workers = 1, .start_method = StartMethod::kForkserver});
+  std::size_t n = 0;
+  for (auto& batch : loader) n += batch.size();
+  EXPECT_EQ(n, 8u);
   EXPECT_GT(workers::forkserver_pid(), 0);
 }
 
