@@ -45,6 +45,9 @@ class SequentialSampler : public Sampler {
  public:
   explicit SequentialSampler(std::size_t size) : size_(size) {}
   std::size_t size() const override { return size_; }
+  /// The dataset's length changed: later epochs cover `size` indices (PyTorch's samplers read
+  /// len(data_source) at every iteration; a DataLoader does this for the samplers it makes).
+  void set_data_size(std::size_t size) noexcept { size_ = size; }
   std::vector<std::int64_t> indices(std::uint64_t epoch) override;
   std::shared_ptr<const IndexOrder> order(std::uint64_t epoch) override;  // computed, O(1)
 
@@ -104,10 +107,16 @@ class RandomSampler : public Sampler {
   std::size_t size() const override { return num_samples_; }
   std::vector<std::int64_t> indices(std::uint64_t epoch) override;
   std::shared_ptr<const IndexOrder> order(std::uint64_t epoch) override;  // one permutation
+  /// The dataset's length changed: later epochs draw from `size` indices, the generator going
+  /// on from where it is (as PyTorch's RandomSampler reads len(data_source) at every iteration;
+  /// epochs replayed after a jump back are drawn with the new size). num_samples follows the
+  /// size unless it was given. A DataLoader does this for the sampler its `shuffle` makes.
+  void set_data_size(std::size_t size) noexcept;
 
  private:
   std::size_t data_size_;
   std::size_t num_samples_;
+  bool num_samples_given_;
   bool replacement_;
   LoaderDraw loader_draw_;
   EpochGenerator generator_;

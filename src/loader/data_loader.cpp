@@ -159,6 +159,7 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset,
     } else {
       sampler = std::make_shared<SequentialSampler>(dataset->size());
     }
+    state_->own_sampler = sampler;
   }
   state_->batch_sampler =
       std::make_shared<BatchSampler>(std::move(sampler), o.batch_size, o.drop_last);
@@ -236,6 +237,11 @@ DataLoader::Iterator DataLoader::begin() {
 }
 
 std::size_t DataLoader::size() const {
+  if (state_->own_sampler) {  // the dataset's length now, as len(DataLoader) reads it
+    const std::size_t n = state_->dataset->size();
+    const std::size_t b = state_->options.batch_size;
+    return state_->options.drop_last ? n / b : (n + b - 1) / b;
+  }
   if (state_->batch_sampler) return state_->batch_sampler->size();
   const std::optional<std::size_t> n = state_->iterable->size_hint();
   if (!n) {

@@ -15,7 +15,7 @@ void check_open(const LoaderState& state) {
 InProcessMapEpoch::InProcessMapEpoch(std::shared_ptr<const LoaderState> state, std::uint64_t epoch)
     : state_(std::move(state)),
       epoch_(epoch),
-      plan_(*state_->batch_sampler, epoch),
+      plan_(plan_epoch(*state_, epoch)),
       size_(state_->dataset->size()) {
   fetch_options_.threads = state_->options.worker_threads;
   fetch_options_.skip_errors = state_->options.on_error == OnError::kSkip;

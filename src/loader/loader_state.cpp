@@ -28,6 +28,18 @@ std::vector<std::int64_t> EpochPlan::batch(std::size_t k) const {
   return out;
 }
 
+EpochPlan plan_epoch(const LoaderState& state, std::uint64_t epoch) {
+  if (const auto& own = state.own_sampler) {
+    const std::size_t n = state.dataset->size();
+    if (auto* random = dynamic_cast<RandomSampler*>(own.get())) {
+      random->set_data_size(n);
+    } else if (auto* sequential = dynamic_cast<SequentialSampler*>(own.get())) {
+      sequential->set_data_size(n);
+    }
+  }
+  return EpochPlan(*state.batch_sampler, epoch);
+}
+
 void LoaderState::record_skipped(std::uint64_t epoch,
                                  const std::vector<workers::SkippedSample>& skipped) const {
   if (skipped.empty()) return;

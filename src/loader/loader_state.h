@@ -33,6 +33,9 @@ struct LoaderState {
   std::shared_ptr<const IterableDataset> iterable;
   DataLoaderOptions options;                    // resolved
   std::shared_ptr<BatchSampler> batch_sampler;  // map-style datasets only
+  // The sampler the loader made itself (shuffle or not), which follows the dataset's length
+  // from epoch to epoch; null for a sampler or batch sampler the user gave.
+  std::shared_ptr<Sampler> own_sampler;
   CollateFn collate_fn;
   // spawn and forkserver: what a worker rebuilds (canonical configuration text and hash) and
   // the program spawn starts. Empty collate_config: default collate.
@@ -74,6 +77,12 @@ struct LoaderState {
   // bounded by the shutdown grace.
   void close() noexcept;
 };
+
+// The batches of epoch `epoch`, after the loader's own sampler has taken the dataset's length
+// now (PyTorch's samplers read len(dataset) at every epoch, so a dataset that grew is loaded
+// whole).
+class EpochPlan;
+EpochPlan plan_epoch(const LoaderState& state, std::uint64_t epoch);
 
 // The batches of one epoch: for the stock BatchSampler, its sampler's order cut into batch_size
 // chunks, read one batch at a time (an order is computed, or holds one permutation: nothing is

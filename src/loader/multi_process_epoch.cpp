@@ -54,7 +54,7 @@ MultiProcessEpoch::MultiProcessEpoch(std::shared_ptr<LoaderState> state, std::ui
   std::lock_guard<std::mutex> lock(state_->use_mutex);
   if (state_->closed) throw_loader_closed("before this epoch started");
   token_ = state_->next_token++;
-  if (!iterable_) plan_ = EpochPlan(*state_->batch_sampler, epoch_);
+  if (!iterable_) plan_ = plan_epoch(*state_, epoch_);
   std::erase_if(state_->pools, [](const auto& weak) { return weak.expired(); });
   if (state_->options.persistent_workers) {
     pool_ = state_->persistent_pool;

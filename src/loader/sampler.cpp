@@ -141,6 +141,7 @@ std::shared_ptr<const IndexOrder> SequentialSampler::order(std::uint64_t /*epoch
 RandomSampler::RandomSampler(std::size_t data_size, std::uint64_t seed, Options options)
     : data_size_(data_size),
       num_samples_(options.num_samples.value_or(data_size)),
+      num_samples_given_(options.num_samples.has_value()),
       replacement_(options.replacement),
       loader_draw_(options.loader_draw),
       generator_(seed) {
@@ -149,6 +150,11 @@ RandomSampler::RandomSampler(std::size_t data_size, std::uint64_t seed, Options 
               "dataset size)");
   FERRY_CHECK(data_size_ > 0 || num_samples_ == 0, "RandomSampler: num_samples=", num_samples_,
               " draws from an empty dataset; give the sampler a non-empty dataset");
+}
+
+void RandomSampler::set_data_size(std::size_t size) noexcept {
+  data_size_ = size;
+  if (!num_samples_given_) num_samples_ = size;
 }
 
 std::vector<std::int64_t> RandomSampler::indices(std::uint64_t epoch) {

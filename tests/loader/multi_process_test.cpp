@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cinttypes>
 #include <cstdio>
 #include <fstream>
@@ -68,11 +69,10 @@ TEST_P(ExactlyOnce, EveryIndexOnceEveryByteRightInSamplerOrder) {
     // shuffle's orders: DataLoader(shuffle=True, generator=g)'s (a base seed drawn first).
     const auto draw = p.persistent ? RandomSampler::LoaderDraw::kFirstEpoch
                                    : RandomSampler::LoaderDraw::kEveryEpoch;
-    const auto expected =
-        BatchSampler(std::make_shared<RandomSampler>(kSize, 17,
-                                                     RandomSampler::Options{.loader_draw = draw}),
-                     kBatch, false)
-            .batches(epoch);
+    const auto expected = BatchSampler(std::make_shared<RandomSampler>(
+                                           kSize, 17, RandomSampler::Options{.loader_draw = draw}),
+                                       kBatch, false)
+                              .batches(epoch);
     std::vector<int> seen(kSize, 0);
     std::vector<std::vector<std::int64_t>> order;
     std::set<std::int64_t> workers_used;
@@ -414,6 +414,39 @@ TEST(MultiProcessFork, ShuffledOrdersAreThoseOfPyTorchsDataLoaderWithTheSameGene
     ++cases;
   }
   EXPECT_EQ(cases, 18u);
+}
+
+// A dataset whose length the test changes between epochs (a growing log, say).
+class Growing : public Dataset {
+ public:
+  std::size_t size() const override { return n.load(); }
+  Example get(std::size_t i, SampleContext&) const override {
+    return {{"i", static_cast<std::int64_t>(i)}};
+  }
+  std::atomic<std::size_t> n{10};
+};
+
+TEST(MultiProcessFork, ADatasetThatGrowsBetweenEpochsIsLoadedWhole) {
+  // PyTorch's samplers read len(dataset) at every epoch; so does the sampler a loader makes.
+  // (Persistent fork workers keep the copy of the dataset they were forked with.)
+  for (const bool shuffle : {false, true}) {
+    for (const std::size_t workers : {0u, 2u}) {
+      auto dataset = std::make_shared<Growing>();
+      DataLoader loader(dataset,
+                        {.batch_size = 4, .shuffle = shuffle, .num_workers = workers, .seed = 1});
+      auto count = [&] {
+        std::set<std::int64_t> seen;
+        for (auto& batch : loader) seen.insert(batch.indices().begin(), batch.indices().end());
+        return seen;
+      };
+      EXPECT_EQ(count().size(), 10u);
+      dataset->n = 14;
+      EXPECT_EQ(loader.size(), 4u);
+      const auto seen = count();
+      EXPECT_EQ(seen.size(), 14u) << "shuffle " << shuffle << ", " << workers << " workers";
+      EXPECT_EQ(*seen.rbegin(), 13);
+    }
+  }
 }
 
 TEST(MultiProcessFork, ASecondBeginOnAPersistentLoaderEndsTheFirstIteratorWithAnError) {
