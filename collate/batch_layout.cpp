@@ -42,6 +42,20 @@ std::size_t align_up(std::size_t n) {
   return (n + kFieldAlignment - 1) / kFieldAlignment * kFieldAlignment;
 }
 
+// Places the fields of `layout` one after another in one block, each at an aligned offset, in
+// their order (strings take no room), and sets the block's size: the one home of the layout
+// rule that workers, the main process and a user's collate_fn all rely on.
+void place_fields(BatchLayout& layout) {
+  std::size_t offset = 0;
+  for (FieldLayout& f : layout.fields) {
+    if (f.kind == FieldKind::kString) continue;
+    offset = align_up(offset);
+    f.offset = offset;
+    offset += f.nbytes;
+  }
+  layout.total_bytes = align_up(offset);
+}
+
 std::string describe(const at::Tensor& t) {
   return detail::str(shape_str(t.sizes()), " ", c10::toString(t.scalar_type()));
 }
@@ -54,7 +68,6 @@ BatchLayout plan_batch(const std::vector<Example>& samples) {
   BatchLayout layout;
   layout.num_samples = samples.size();
   const auto batch = static_cast<std::int64_t>(samples.size());
-  std::size_t offset = 0;
   for (const auto& [name, field] : first) {
     FieldLayout f;
     f.name = name;
@@ -74,15 +87,10 @@ BatchLayout plan_batch(const std::vector<Example>& samples) {
       f.sizes = {batch};
       f.sample_bytes = 8;
     }
-    if (f.kind != FieldKind::kString) {
-      offset = align_up(offset);
-      f.offset = offset;
-      f.nbytes = f.sample_bytes * samples.size();
-      offset += f.nbytes;
-    }
+    f.nbytes = f.sample_bytes * samples.size();
     layout.fields.push_back(std::move(f));
   }
-  layout.total_bytes = align_up(offset);
+  place_fields(layout);
 
   // Every other sample must have the same fields, kinds, dtypes and shapes as the first.
   for (std::size_t i = 1; i < samples.size(); ++i) {
@@ -163,18 +171,14 @@ void write_batch(const std::vector<Example>& samples, const BatchLayout& layout,
 BatchLayout resize_layout(const BatchLayout& layout, std::size_t num_samples) {
   BatchLayout out;
   out.num_samples = num_samples;
-  std::size_t offset = 0;
   for (FieldLayout f : layout.fields) {
     if (f.kind != FieldKind::kString) {
       f.sizes.front() = static_cast<std::int64_t>(num_samples);
-      offset = align_up(offset);
-      f.offset = offset;
       f.nbytes = f.sample_bytes * num_samples;
-      offset += f.nbytes;
     }
     out.fields.push_back(std::move(f));
   }
-  out.total_bytes = align_up(offset);
+  place_fields(out);
   return out;
 }
 
@@ -239,7 +243,6 @@ bool ExpectedBatch::can_write(const std::vector<Example>& samples,
 BatchLayout plan_batch(const Batch& batch) {
   BatchLayout layout;
   layout.num_samples = batch.size();
-  std::size_t offset = 0;
   for (const std::string& name : batch) {
     FieldLayout f;
     f.name = name;
@@ -253,15 +256,12 @@ BatchLayout plan_batch(const Batch& batch) {
       f.dtype = t.scalar_type();
       f.sizes.assign(t.sizes().begin(), t.sizes().end());
       f.nbytes = static_cast<std::size_t>(t.numel()) * t.element_size();
-      offset = align_up(offset);
-      f.offset = offset;
-      offset += f.nbytes;
     } else {
       f.kind = FieldKind::kString;
     }
     layout.fields.push_back(std::move(f));
   }
-  layout.total_bytes = align_up(offset);
+  place_fields(layout);
   return layout;
 }
 
