@@ -54,11 +54,13 @@ MultiProcessEpoch::MultiProcessEpoch(std::shared_ptr<LoaderState> state, std::ui
   std::lock_guard<std::mutex> lock(state_->use_mutex);
   if (state_->closed) throw_loader_closed("before this epoch started");
   token_ = state_->next_token++;
+  undelivered_.assign(state_->options.num_workers, 0);
+  exhausted_.assign(state_->options.num_workers, false);
   if (!iterable_) plan_ = plan_epoch(*state_, epoch_);
   std::erase_if(state_->pools, [](const auto& weak) { return weak.expired(); });
   if (state_->options.persistent_workers) {
     pool_ = state_->persistent_pool;
-    if (!pool_ || pool_->broken || pool_->stopped() || !pool_->all_started()) {
+    if (!pool_ || pool_->broken() || pool_->stopped() || !pool_->all_started()) {
       pool_ = std::make_shared<WorkerPool>(*state_, epoch_);
       state_->persistent_pool = pool_;
       state_->pools.push_back(pool_);
@@ -66,9 +68,7 @@ MultiProcessEpoch::MultiProcessEpoch(std::shared_ptr<LoaderState> state, std::ui
     } else {
       // The epoch handshake: tasks carry their epoch, and anything still in flight from an
       // earlier epoch is recycled on arrival, never delivered; iterable streams restart.
-      for (auto& w : pool_->workers) {
-        w.exhausted = false;
-        w.undelivered = 0;
+      for (auto& w : pool_->workers()) {
         if (!w.dead) post(w, ipc::encode(ipc::IndexMessage(ipc::NewEpochMessage{epoch_})));
       }
     }
@@ -77,12 +77,12 @@ MultiProcessEpoch::MultiProcessEpoch(std::shared_ptr<LoaderState> state, std::ui
     state_->pools.push_back(pool_);
     start_workers();
   }
-  pool_->owner_token = token_;
+  pool_->claim(token_);
   dispatch();  // prefetching starts now, as PyTorch's iterator does
 }
 
 void MultiProcessEpoch::start_workers() {
-  pool_->owner_token = token_;
+  pool_->claim(token_);
   try {
     while (!pool_->all_started()) {
       pool_->start_worker();
@@ -94,7 +94,7 @@ void MultiProcessEpoch::start_workers() {
   } catch (...) {
     // A half-started pool must never be reused (an iterable dataset sharded by worker would
     // silently lose the missing workers' shards).
-    pool_->broken = true;
+    pool_->mark_broken();
     if (state_->persistent_pool == pool_) state_->persistent_pool.reset();
     pool_->shutdown();
     throw;
@@ -105,7 +105,7 @@ MultiProcessEpoch::~MultiProcessEpoch() {
   std::lock_guard<std::mutex> lock(state_->use_mutex);
   ready_.clear();
   arrived_.clear();
-  if (!state_->options.persistent_workers || pool_->broken) pool_->shutdown();
+  if (!state_->options.persistent_workers || pool_->broken()) pool_->shutdown();
 }
 
 std::optional<Batch> MultiProcessEpoch::next() {
@@ -118,7 +118,7 @@ std::optional<Batch> MultiProcessEpoch::next_locked() {
     throw_loader_closed("while this iterator was in use");
   }
   if (failed_) return std::nullopt;
-  if (pool_->owner_token != token_) {
+  if (pool_->owner() != token_) {
     // persistent_workers: a later begin() took the pool; this epoch's batches are gone.
     throw Error(detail::str(
         "DataLoader: this iterator's epoch ", epoch_,
@@ -146,9 +146,9 @@ std::optional<Batch> MultiProcessEpoch::next_locked() {
     // A spawn or forkserver worker's start-up (a fresh program, the dataset rebuilt) is not a
     // batch taking too long: the timeout counts from its handshake, and start-up gets its own,
     // generous bound.
-    const std::size_t ready_before = pool_->ready_workers;
+    const std::size_t ready_before = pool_->ready_workers();
     std::optional<ipc::Clock::time_point> startup;
-    if (ready_before < pool_->workers.size()) {
+    if (ready_before < pool_->workers().size()) {
       startup = pool_->started + WorkerPool::startup_limit();
     }
     std::optional<ipc::Clock::time_point> wait_until = deadline;
@@ -161,13 +161,13 @@ std::optional<Batch> MultiProcessEpoch::next_locked() {
       if (culprit == nullptr || culprit->ready) timed_out(timeout);
       deadline = now + timeout;  // the worker it waits for is still starting
     }
-    if (deadline && pool_->ready_workers > ready_before) deadline = now + timeout;
+    if (deadline && pool_->ready_workers() > ready_before) deadline = now + timeout;
   }
 }
 
 std::pair<WorkerSlot*, const TaskRecord*> MultiProcessEpoch::waited_on() {
   // The task the loop waits for (in order: the next sequence), else this epoch's oldest task.
-  for (auto& w : pool_->workers) {
+  for (auto& w : pool_->workers()) {
     if (w.dead) continue;
     for (const auto& task : w.in_flight) {
       if (task.token != token_) continue;
@@ -178,9 +178,9 @@ std::pair<WorkerSlot*, const TaskRecord*> MultiProcessEpoch::waited_on() {
 }
 
 void MultiProcessEpoch::startup_timed_out() {
-  for (auto& w : pool_->workers) {
+  for (auto& w : pool_->workers()) {
     if (w.ready || w.dead) continue;
-    pool_->broken = true;
+    pool_->mark_broken();
     WorkerFailure failure = failure_of(w);
     const std::string what = detail::str(
         "DataLoader worker ", w.id, " (pid ", w.process.pid(),
@@ -210,16 +210,15 @@ std::optional<MultiProcessEpoch::Result> MultiProcessEpoch::pop_result() {
     arrived_.pop_front();
   }
   ++next_delivery_;
-  WorkerSlot& w = pool_->workers[r->worker];
-  --w.undelivered;  // a task counts against prefetch until it is delivered, as in PyTorch
-  if (r->stream_end) w.exhausted = true;
+  --undelivered_[r->worker];  // a task counts against prefetch until delivered, as in PyTorch
+  if (r->stream_end) exhausted_[r->worker] = true;
   return r;
 }
 
 bool MultiProcessEpoch::finished() const {
   if (!iterable_) return next_delivery_ >= plan_.size();
-  for (const auto& w : pool_->workers) {
-    if (!w.exhausted || w.undelivered > 0) return false;
+  for (std::size_t i = 0; i < undelivered_.size(); ++i) {
+    if (!exhausted_[i] || undelivered_[i] > 0) return false;
   }
   return true;
 }
@@ -234,19 +233,19 @@ void MultiProcessEpoch::dispatch() {
 
 void MultiProcessEpoch::dispatch_map() {
   const std::size_t cap = *state_->options.prefetch_factor;
-  auto& workers = pool_->workers;
+  auto& workers = pool_->workers();
   while (next_task_ < plan_.size()) {
     WorkerSlot* best = nullptr;
     for (std::size_t k = 0; k < workers.size(); ++k) {
       WorkerSlot& w = workers[(round_robin_ + k) % workers.size()];
       // A task counts until the training loop receives its batch, so a straggler cannot let the
       // others fill the reorder buffer without bound.
-      if (w.dead || w.undelivered >= cap || w.in_flight.size() >= cap) continue;
-      if (best == nullptr || w.undelivered < best->undelivered) best = &w;
+      if (w.dead || undelivered_[w.id] >= cap || w.in_flight.size() >= cap) continue;
+      if (best == nullptr || undelivered_[w.id] < undelivered_[best->id]) best = &w;
     }
     if (best == nullptr) return;
     round_robin_ = best->id + 1;
-    ++best->undelivered;
+    ++undelivered_[best->id];
     const auto sequence = next_task_++;
     send_task(*best, sequence, plan_.batch(sequence));
   }
@@ -254,13 +253,13 @@ void MultiProcessEpoch::dispatch_map() {
 
 void MultiProcessEpoch::dispatch_iterable() {
   const std::size_t cap = *state_->options.prefetch_factor;
-  auto& workers = pool_->workers;
+  auto& workers = pool_->workers();
   if (!state_->options.in_order) {
     // Out of order: every worker whose stream goes on keeps prefetch_factor tasks, so a slow
     // worker never holds a fast one back.
     for (auto& w : workers) {
-      while (!w.exhausted && !w.dead && w.undelivered < cap) {
-        ++w.undelivered;
+      while (!exhausted_[w.id] && !w.dead && undelivered_[w.id] < cap) {
+        ++undelivered_[w.id];
         send_task(w, next_task_++, {});
       }
     }
@@ -273,14 +272,14 @@ void MultiProcessEpoch::dispatch_iterable() {
     WorkerSlot* w = nullptr;
     for (std::size_t k = 0; k < workers.size(); ++k) {
       WorkerSlot& candidate = workers[(round_robin_ + k) % workers.size()];
-      if (!candidate.exhausted) {
+      if (!exhausted_[candidate.id]) {
         w = &candidate;
         break;
       }
     }
-    if (w == nullptr || w->undelivered >= cap) return;
+    if (w == nullptr || undelivered_[w->id] >= cap) return;
     round_robin_ = w->id + 1;
-    ++w->undelivered;
+    ++undelivered_[w->id];
     send_task(*w, next_task_++, {});
   }
 }
@@ -309,7 +308,7 @@ void MultiProcessEpoch::post(WorkerSlot& w, std::vector<std::byte> bytes) {
 }
 
 bool MultiProcessEpoch::wait_and_receive(std::optional<ipc::Clock::time_point> deadline) {
-  auto& workers = pool_->workers;
+  auto& workers = pool_->workers();
   std::vector<pollfd>& fds = pollfds_;  // reused: this runs once per batch waited for
   fds.clear();
   fds.push_back({state_->wake.get(), POLLIN, 0});
@@ -573,8 +572,7 @@ void MultiProcessEpoch::check_handshake(WorkerSlot& w, const ipc::WorkerReadyMes
                     "this process's has ",
                     expected, "; did its files change? Configuration: ", s.dataset_config))));
   }
-  w.ready = true;
-  ++pool_->ready_workers;
+  pool_->mark_ready(w);
 }
 
 void MultiProcessEpoch::worker_gone(WorkerSlot& w) {
@@ -585,7 +583,7 @@ void MultiProcessEpoch::worker_gone(WorkerSlot& w) {
 
 void MultiProcessEpoch::worker_died(WorkerSlot& w) {
   w.dead = true;
-  pool_->broken = true;
+  pool_->mark_broken();
   std::optional<ipc::ExitStatus> status = w.process.try_wait();
   if (!status) status = w.process.terminate(std::chrono::milliseconds(200));
   WorkerFailure failure = failure_of(w);
@@ -632,7 +630,7 @@ void MultiProcessEpoch::worker_died(WorkerSlot& w) {
 
 void MultiProcessEpoch::timed_out(std::chrono::milliseconds waited) {
   auto [culprit, held] = waited_on();
-  pool_->broken = true;
+  pool_->mark_broken();
   WorkerFailure failure;
   std::string what = detail::str("DataLoader timed out: no batch within ",
                                  static_cast<double>(waited.count()) / 1000.0, " s");
@@ -659,7 +657,7 @@ void MultiProcessEpoch::timed_out(std::chrono::milliseconds waited) {
 
 void MultiProcessEpoch::fail(std::exception_ptr error) {
   failed_ = true;
-  pool_->broken = true;
+  pool_->mark_broken();
   if (state_->persistent_pool == pool_) state_->persistent_pool.reset();
   pool_->shutdown();
   std::rethrow_exception(error);

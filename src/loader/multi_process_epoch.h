@@ -82,6 +82,10 @@ class MultiProcessEpoch final : public EpochIterator {
   std::map<std::uint64_t, Result> ready_;  // in order: results by sequence
   std::deque<Result> arrived_;             // out of order: results as they came
   std::size_t round_robin_ = 0;
+  // Per worker, this epoch: tasks sent whose batch the loop has not received yet (bounded by
+  // prefetch_factor), and for an iterable dataset whether its stream has ended.
+  std::vector<std::size_t> undelivered_;
+  std::vector<bool> exhausted_;
   bool spin_;  // poll briefly before sleeping: only when main and workers each have a core
   bool failed_ = false;
   std::vector<pollfd> pollfds_;

@@ -49,12 +49,12 @@ void LoaderState::close() noexcept {
 void WorkerPool::start_worker() {
   workers::reap_dead_forkserver();  // a forkserver that died meanwhile is no zombie for long
   const DataLoaderOptions& o = state_.options;
-  FERRY_ASSERT(workers.size() < o.num_workers && !stopped_);
-  workers.reserve(o.num_workers);
+  FERRY_ASSERT(workers_.size() < o.num_workers && !stopped_);
+  workers_.reserve(o.num_workers);
   auto [main_index, main_data, worker_index, worker_data] = workers::make_worker_channels();
 
   workers::WorkerSpec spec;
-  spec.worker_id = workers.size();
+  spec.worker_id = workers_.size();
   spec.num_workers = o.num_workers;
   spec.base_seed = *o.seed;
   // A base drawn from the seed and the epoch the pool starts in (a pool of its own per epoch
@@ -100,15 +100,14 @@ void WorkerPool::start_worker() {
     workers::unregister_parent_only_fd(main_data.fd());
     throw;
   }
-  WorkerSlot& slot = add_slot(spec.worker_id, std::move(main_index), std::move(main_data), pid);
+  WorkerSlot& slot =
+      add_slot(spec.worker_id, std::move(main_index), std::move(main_data), pid, /*ready=*/true);
   // Allowed (workers never use CUDA); remembered for the advice an error naming CUDA gets.
   slot.forked_after_cuda = device::cuda_initialized();
 }
 
-WorkerSlot& WorkerPool::add_slot(std::size_t id,
-                                 ipc::Channel main_index,
-                                 ipc::Channel main_data,
-                                 pid_t pid) {
+WorkerSlot& WorkerPool::add_slot(
+    std::size_t id, ipc::Channel main_index, ipc::Channel main_data, pid_t pid, bool ready) {
   WorkerSlot slot;
   slot.id = id;
   slot.index = std::move(main_index);
@@ -116,9 +115,10 @@ WorkerSlot& WorkerPool::add_slot(std::size_t id,
   slot.process = ipc::ChildProcess(pid);
   // Its pidfd is this process's alone: workers forked later must not hold it.
   if (slot.process.pidfd() >= 0) workers::register_parent_only_fd(slot.process.pidfd());
-  workers.push_back(std::move(slot));
-  ++ready_workers;  // a fresh (spawn, forkserver) worker is not: see start_fresh_worker
-  return workers.back();
+  slot.ready = ready;
+  ready_ += ready ? 1 : 0;
+  workers_.push_back(std::move(slot));
+  return workers_.back();
 }
 
 void WorkerPool::start_fresh_worker(const workers::WorkerSpec& spec,
@@ -143,9 +143,9 @@ void WorkerPool::start_fresh_worker(const workers::WorkerSpec& spec,
   }
   workers::close_parent_only_fd(worker_index.release());
   workers::close_parent_only_fd(worker_data.release());
-  WorkerSlot& slot = add_slot(spec.worker_id, std::move(main_index), std::move(main_data), pid);
-  slot.ready = false;
-  --ready_workers;
+  // Not ready until its handshake (the dataset rebuilt) arrives.
+  WorkerSlot& slot =
+      add_slot(spec.worker_id, std::move(main_index), std::move(main_data), pid, /*ready=*/false);
   ipc::SetupMessage setup =
       workers::setup_message(spec, state_.dataset_config, state_.collate_config);
   // Queued: the worker reads it once it has started. If it died already, the death is reported
@@ -173,7 +173,7 @@ void WorkerPool::shutdown() noexcept {
 void WorkerPool::request_stop() noexcept {
   if (stop_requested_) return;
   stop_requested_ = true;
-  for (auto& w : workers) {
+  for (auto& w : workers_) {
     if (!w.index.valid()) continue;
     try {
       // Without blocking: a worker whose index channel is full gets the EOF below instead.
@@ -193,7 +193,7 @@ void WorkerPool::finish_stop(std::chrono::steady_clock::time_point deadline) noe
   request_stop();
   if (stopped_) return;
   stopped_ = true;
-  for (auto& w : workers) {
+  for (auto& w : workers_) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
     const bool was_dead = w.dead || w.process.reaped();
@@ -222,12 +222,12 @@ void WorkerPool::collect_recycles() {
     items.swap(recycle->items);
   }
   for (const auto& [worker, segment] : items) {
-    if (worker < workers.size()) workers[worker].recycled.push_back(segment);
+    if (worker < workers_.size()) workers_[worker].recycled.push_back(segment);
   }
 }
 
 void WorkerPool::send_recycles() {
-  for (auto& w : workers) {
+  for (auto& w : workers_) {
     if (w.recycled.empty()) continue;
     if (!w.dead && w.index.valid()) {
       // A worker found gone here is reported by the epoch's wait (its pidfd).

@@ -52,10 +52,6 @@ struct WorkerSlot {
   bool dead = false;
   bool ready = true;  // spawn and forkserver: false until the worker's handshake arrives
   bool forked_after_cuda = false;  // fork after this process initialised CUDA
-  // This epoch: tasks sent whose batch the training loop has not received yet (bounded by
-  // prefetch_factor); for an iterable dataset, whether its stream has ended.
-  std::size_t undelivered = 0;
-  bool exhausted = false;
 };
 
 namespace fault {
@@ -72,7 +68,7 @@ class WorkerPool {
       : state_(state), first_epoch_(first_epoch) {}
   // Starts the next worker. Throws std::system_error if its process or channels cannot be made.
   void start_worker();
-  bool all_started() const noexcept { return workers.size() == state_.options.num_workers; }
+  bool all_started() const noexcept { return workers_.size() == state_.options.num_workers; }
   ~WorkerPool() { shutdown(); }
 
   // Stop messages, then EOF, then up to `grace` for the workers to exit, then SIGKILL; every
@@ -89,11 +85,24 @@ class WorkerPool {
   // Sends what is left in `recycled` lists on its own (for workers that got no task now).
   void send_recycles();
 
-  std::vector<WorkerSlot> workers;
+  // The workers, by id. Their processes and channels are the pool's: an epoch reads and
+  // writes through the slots, and marks what it learns with mark_ready() and mark_broken().
+  std::vector<WorkerSlot>& workers() noexcept { return workers_; }
+  const std::vector<WorkerSlot>& workers() const noexcept { return workers_; }
+  // The epoch iterator using the pool now (epoch numbers can repeat: set_epoch).
+  std::uint64_t owner() const noexcept { return owner_; }
+  void claim(std::uint64_t token) noexcept { owner_ = token; }
+  // A worker died or was killed, or an epoch failed: the pool is never reused.
+  bool broken() const noexcept { return broken_; }
+  void mark_broken() noexcept { broken_ = true; }
+  // Workers past their handshake (fork: every one, from the start).
+  std::size_t ready_workers() const noexcept { return ready_; }
+  void mark_ready(WorkerSlot& w) noexcept {
+    if (!w.ready) ++ready_;
+    w.ready = true;
+  }
+
   std::shared_ptr<RecycleQueue> recycle = std::make_shared<RecycleQueue>();
-  std::uint64_t owner_token = 0;  // the epoch iterator using the pool now
-  bool broken = false;            // a worker died or was killed: not reusable
-  std::size_t ready_workers = 0;  // workers past their handshake (fork: every one)
 
   static constexpr std::chrono::milliseconds kShutdownGrace{1000};
   // How long a spawn or forkserver worker may take to start (start a program, rebuild the
@@ -102,13 +111,18 @@ class WorkerPool {
   const std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
 
  private:
-  WorkerSlot& add_slot(std::size_t id, ipc::Channel main_index, ipc::Channel main_data, pid_t pid);
+  WorkerSlot& add_slot(
+      std::size_t id, ipc::Channel main_index, ipc::Channel main_data, pid_t pid, bool ready);
   // spawn and forkserver: start the process, then queue its SetupMessage.
   void start_fresh_worker(const workers::WorkerSpec& spec,
                           ipc::Channel main_index,
                           ipc::Channel main_data,
                           ipc::Channel worker_index,
                           ipc::Channel worker_data);
+  std::vector<WorkerSlot> workers_;
+  std::uint64_t owner_ = 0;
+  bool broken_ = false;
+  std::size_t ready_ = 0;
   const LoaderState& state_;   // outlives the pool: the state owns or outlives every pool
   std::uint64_t first_epoch_;  // the epoch that started the pool
   bool stop_requested_ = false;
