@@ -150,6 +150,31 @@ TEST(HugeBatches, AWorkerKilledInTheMiddleOfAMultiPacketReplyIsReportedAsADeadWo
       60s, /*workers_may_be_killed=*/true);
 }
 
+TEST(HugeBatches, AWorkerStoppedInTheMiddleOfAReplyIsWaitedForWithoutATimeout) {
+  // timeout = 0 waits forever, as PyTorch does: a worker stopped (SIGSTOP) part-way through a
+  // multi-packet reply is not an error after some fixed time; continued, its batch arrives.
+  testing::in_child(
+      [] {
+        DataLoader loader(std::make_shared<Scalars>(kBatch * 4),
+                          {.batch_size = kBatch, .num_workers = 1});
+        auto it = loader.begin();
+        std::this_thread::sleep_for(500ms);  // the worker is blocked part-way through batch 1
+        const auto workers = children();
+        REQUIRE(workers.size() == 1, workers.size());
+        ::kill(workers[0], SIGSTOP);
+        std::thread resume([pid = workers[0]] {
+          std::this_thread::sleep_for(3s);  // past the 2 s after which a stall was an error
+          ::kill(pid, SIGCONT);
+        });
+        ++it;  // reads what is there, then waits for the rest
+        const bool ok = it->size() == kBatch && (*it)["i"][0].item<std::int64_t>() == kBatch;
+        resume.join();
+        REQUIRE(ok, "batch 1 is wrong");
+        return 0;
+      },
+      60s);
+}
+
 // This process's peak resident memory (VmHWM), in bytes.
 std::size_t peak_rss() {
   std::ifstream in("/proc/self/status");
