@@ -357,9 +357,13 @@ class Worker {
   void send(const ipc::DataMessage& message, int fd = -1) {
     const auto bytes = ipc::encode(message);
     const int fds[1] = {fd};
+    // Blocks while the main process has not read earlier replies (it always reads, and never
+    // blocks sending to this worker), but not past its loader stopping: the index channel's
+    // hang-up ends the wait as its data channel's would.
     const auto result =
-        data_.send(bytes, fd >= 0 ? std::span<const int>(fds, 1) : std::span<const int>());
-    if (result != ipc::Channel::SendResult::kSent) exit_now(0);  // the main process is gone
+        data_.send(bytes, fd >= 0 ? std::span<const int>(fds, 1) : std::span<const int>(),
+                   std::nullopt, index_.fd());
+    if (result != ipc::Channel::SendResult::kSent) exit_now(0);  // the loader is gone
   }
 
   [[noreturn]] void fatal(std::uint64_t epoch, const std::string& context) {

@@ -87,7 +87,8 @@ Channel::Write Channel::write_packets(Outgoing& out, std::span<const int> fds) {
 
 Channel::SendResult Channel::send(std::span<const std::byte> message,
                                   std::span<const int> fds,
-                                  std::optional<Clock::time_point> deadline) {
+                                  std::optional<Clock::time_point> deadline,
+                                  int hangup_fd) {
   FERRY_ASSERT(outbox_.empty(), "send() on a channel with posted messages queued");
   Outgoing out;
   out.bytes.assign(message.begin(), message.end());
@@ -99,6 +100,23 @@ Channel::SendResult Channel::send(std::span<const std::byte> message,
         return SendResult::kPeerGone;
       case Write::kWouldBlock:
         break;
+    }
+    if (hangup_fd >= 0) {
+      // POLLHUP is reported without being asked for: the other channel's peer closed it.
+      pollfd p[2] = {{fd_.get(), POLLOUT, 0}, {hangup_fd, 0, 0}};
+      int timeout_ms = -1;
+      if (deadline) {
+        const auto left = std::chrono::ceil<std::chrono::milliseconds>(*deadline - Clock::now());
+        timeout_ms = static_cast<int>(std::max<long long>(0, left.count()));
+      }
+      const int n = ::poll(p, 2, timeout_ms);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) throw std::system_error(errno, std::generic_category(), "poll on a channel");
+      if (n == 0) return SendResult::kTimedOut;
+      if ((p[0].revents & (POLLHUP | POLLERR)) || (p[1].revents & (POLLHUP | POLLERR))) {
+        return SendResult::kPeerGone;
+      }
+      continue;
     }
     const int revents = poll_one(fd_.get(), POLLOUT, deadline);
     if (revents == 0) return SendResult::kTimedOut;

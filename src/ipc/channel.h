@@ -48,9 +48,12 @@ class Channel {
   /// (nullopt: no limit). Never raises SIGPIPE. A message cut short by the deadline leaves the
   /// channel unusable (the peer holds part of it): close it after kTimedOut. For a process that
   /// must never block in a send, see post().
+  /// While it waits, a hang-up of `hangup_fd` (another channel of the same peer) also ends it
+  /// as kPeerGone: a worker blocked sending a reply still notices its loader stopping.
   SendResult send(std::span<const std::byte> message,
                   std::span<const int> fds = {},
-                  std::optional<Clock::time_point> deadline = std::nullopt);
+                  std::optional<Clock::time_point> deadline = std::nullopt,
+                  int hangup_fd = -1);
 
   /// Queues `message` behind those already queued and writes what the socket takes now,
   /// without blocking; the rest goes out with flush() once the channel is writable (poll for

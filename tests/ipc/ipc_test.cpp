@@ -9,6 +9,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <thread>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -155,6 +156,20 @@ TEST(Channel, PostNeverBlocksAndFlushDeliversInOrderOnceThePeerReads) {
   }
   EXPECT_FALSE(a.has_queued());
   EXPECT_EQ(b.try_receive(got, fds), Channel::Received::kNotYet);
+}
+
+TEST(Channel, ASenderBlockedOnAFullChannelStopsWhenItsOtherChannelHangsUp) {
+  // A worker blocked sending a reply notices its loader closing its index channel.
+  auto [data_main, data_worker] = Channel::pair();
+  auto [index_main, index_worker] = Channel::pair();
+  std::thread closer([&index_main = index_main] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    index_main.close();
+  });
+  const auto result =
+      data_worker.send(std::vector<std::byte>(4'000'000), {}, std::nullopt, index_worker.fd());
+  closer.join();
+  EXPECT_EQ(result, Channel::SendResult::kPeerGone);
 }
 
 TEST(Channel, APeerThatClosesPartWayThroughAMessageIsClosedNotAnError) {
