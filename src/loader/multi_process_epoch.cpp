@@ -289,10 +289,13 @@ void MultiProcessEpoch::send_task(WorkerSlot& w,
                                   std::vector<std::int64_t> indices) {
   std::vector<std::byte> bytes;
   try {
-    bytes = ipc::encode(
-        ipc::IndexMessage(ipc::TaskMessage{epoch_, sequence, indices, std::move(w.recycled)}));
+    // The indices travel into the message and back out into the task's record: never copied.
+    ipc::IndexMessage message(
+        ipc::TaskMessage{epoch_, sequence, std::move(indices), std::move(w.recycled)});
+    bytes = ipc::encode(message);
     w.recycled.clear();
-    w.in_flight.push_back(TaskRecord{token_, epoch_, sequence, std::move(indices)});
+    w.in_flight.push_back(TaskRecord{token_, epoch_, sequence,
+                                     std::move(std::get<ipc::TaskMessage>(message).indices)});
   } catch (...) {
     // The sequence number is taken: an epoch that went on would wait for it forever.
     fail(std::current_exception());

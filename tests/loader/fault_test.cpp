@@ -521,19 +521,24 @@ TEST_P(Shutdown, DestroyingTheLoaderWakesAThreadBlockedInNext) {  // row 11
       60s, /*workers_may_be_killed=*/true);
 }
 
+// A ledger of 400 samples that takes `delay` for each one.
+class SlowLedger : public LedgerDataset {
+ public:
+  explicit SlowLedger(std::chrono::milliseconds delay) : LedgerDataset(400, 64), delay_(delay) {}
+  Example get(std::size_t i, SampleContext& ctx) const override {
+    std::this_thread::sleep_for(delay_);
+    return LedgerDataset::get(i, ctx);
+  }
+
+ private:
+  std::chrono::milliseconds delay_;
+};
+
 TEST(ShutdownFork, WorkersAskedToStopLeaveQueuedWorkUndone) {  // row 10: exit 0, promptly
   in_child([] {
-    class Slow : public LedgerDataset {
-     public:
-      Slow() : LedgerDataset(400, 64) {}
-      Example get(std::size_t i, SampleContext& ctx) const override {
-        std::this_thread::sleep_for(40ms);
-        return LedgerDataset::get(i, ctx);
-      }
-    };
     // 2 workers x 4 tasks x 8 samples x 40 ms: over a second of queued work each.
     auto loader = std::make_unique<DataLoader>(
-        std::make_shared<Slow>(),
+        std::make_shared<SlowLedger>(40ms),
         DataLoaderOptions{.batch_size = 8, .num_workers = 2, .prefetch_factor = 4});
     auto it = loader->begin();
     const auto start = Clock::now();
@@ -547,18 +552,10 @@ TEST(ShutdownFork, WorkersAskedToStopLeaveQueuedWorkUndone) {  // row 10: exit 0
 TEST(ShutdownFork, WorkersLoadingWithSeveralThreadsStopWhenAskedToo) {  // row 10
   if (!workers::parallel_fetch_available()) GTEST_SKIP() << "a build without TBB";
   in_child([] {
-    class Slow : public LedgerDataset {
-     public:
-      Slow() : LedgerDataset(400, 64) {}
-      Example get(std::size_t i, SampleContext& ctx) const override {
-        std::this_thread::sleep_for(50ms);
-        return LedgerDataset::get(i, ctx);
-      }
-    };
     // A batch of 64 samples x 50 ms over 2 threads: 1.6 s each, longer than the shutdown grace;
     // stopped after the samples in hand, no worker is killed.
     auto loader = std::make_unique<DataLoader>(
-        std::make_shared<Slow>(),
+        std::make_shared<SlowLedger>(50ms),
         DataLoaderOptions{.batch_size = 64, .num_workers = 2, .worker_threads = 2});
     auto it = loader->begin();
     (void)it;

@@ -4,7 +4,6 @@
 #include <signal.h>
 
 #include <chrono>
-#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <thread>
@@ -18,6 +17,7 @@
 #include "ferry/sampler.h"
 
 #include "support/child_test.h"
+#include "support/process_harness.h"
 
 namespace ferry {
 namespace {
@@ -115,16 +115,6 @@ TEST(HugeBatches, TheLoaderDestroyedOnAnotherThreadWhileEveryQueueIsFullStopsWit
       30s);
 }
 
-// The worker processes of this process (every thread's children).
-std::vector<pid_t> children() {
-  std::vector<pid_t> out;
-  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
-    std::ifstream in(task.path() / "children");
-    for (pid_t pid; in >> pid;) out.push_back(pid);
-  }
-  return out;
-}
-
 TEST(HugeBatches, AWorkerKilledInTheMiddleOfAMultiPacketReplyIsReportedAsADeadWorker) {
   // A reply of 65,536 indices spans many packets. The loop takes batch 0 and then nothing, so
   // the worker blocks part-way through sending batch 1; killed there, it must be reported as a
@@ -135,7 +125,7 @@ TEST(HugeBatches, AWorkerKilledInTheMiddleOfAMultiPacketReplyIsReportedAsADeadWo
                           {.batch_size = kBatch, .num_workers = 1});
         auto it = loader.begin();
         std::this_thread::sleep_for(500ms);
-        const auto workers = children();
+        const auto workers = testing::children_of(::getpid());
         REQUIRE(workers.size() == 1, workers.size());
         ::kill(workers[0], SIGKILL);
         try {
@@ -159,7 +149,7 @@ TEST(HugeBatches, AWorkerStoppedInTheMiddleOfAReplyIsWaitedForWithoutATimeout) {
                           {.batch_size = kBatch, .num_workers = 1});
         auto it = loader.begin();
         std::this_thread::sleep_for(500ms);  // the worker is blocked part-way through batch 1
-        const auto workers = children();
+        const auto workers = testing::children_of(::getpid());
         REQUIRE(workers.size() == 1, workers.size());
         ::kill(workers[0], SIGSTOP);
         std::thread resume([pid = workers[0]] {
