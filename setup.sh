@@ -21,7 +21,7 @@ esac
 
 build_dir="${FERRY_BUILD_DIR:-build}"
 jobs="$(nproc)"
-packages=(cmake g++ ninja-build libtorch-dev libgtest-dev libgmock-dev
+packages=(cmake g++ ninja-build libtorch-dev nlohmann-json3-dev libgtest-dev libgmock-dev
           libopencv-dev libjpeg-dev libpng-dev libtbb-dev libyaml-cpp-dev libcli11-dev)
 # The vision tests compare against torchvision, run by Debian's Python.
 if [ "$mode" = test ]; then

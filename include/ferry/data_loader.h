@@ -1,10 +1,12 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <iterator>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "ferry/batch.h"
@@ -108,6 +110,27 @@ class DataLoader {
   const DataLoaderOptions& options() const noexcept;
   /// Batches and samples delivered, and the samples skipped (on_error = skip) with their errors.
   LoaderStats stats() const;
+
+  /// A checkpoint of what the training loop has consumed: a small JSON text (format version,
+  /// seed, epoch, the batches of the epoch received so far, including those received out of
+  /// order past the first gap, the sampler's arguments, the totals in `stats()`). Batches
+  /// prefetched but not yet received are not in it. Taken inside an epoch's loop, it resumes
+  /// after the batch in hand; taken between epochs (after the loop, or a `break`), at the start
+  /// of the epoch the next `begin()` would run. A few hundred bytes, whatever the dataset's size.
+  std::string state() const;
+  /// Continues from a `state()` text: the next `begin()` runs the saved epoch and yields only the
+  /// batches the loop had not received, exactly as the uninterrupted run would have (with any
+  /// number of workers, start method, `in_order` or persistence; a `DistributedSampler` also at
+  /// another world size). Nothing is loaded to get there: the position is found in the epoch's
+  /// order by arithmetic. Throws `ConfigError` naming `source` and the field when the text is
+  /// not a state, is of another format version, or does not fit this loader (another dataset
+  /// size, seed, batch size or sampler); the loader is then unchanged.
+  void load_state(std::string_view text, std::string_view source = "the loader state");
+  /// Writes `state()` to `path` atomically (a temporary file in the same folder, flushed to disk,
+  /// then renamed over `path`), so a crash leaves the old file or the new one, never half of one.
+  void save_state(const std::filesystem::path& path) const;
+  /// Reads a file written by `save_state` and continues from it (`load_state`), errors naming it.
+  void load_state_file(const std::filesystem::path& path);
 
  private:
   std::shared_ptr<detail::LoaderState> state_;

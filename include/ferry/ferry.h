@@ -12,6 +12,7 @@
 #include "ferry/error.h"
 #include "ferry/example.h"
 #include "ferry/init.h"
+#include "ferry/launch.h"
 #include "ferry/registry.h"
 #include "ferry/sample_context.h"
 #include "ferry/sampler.h"

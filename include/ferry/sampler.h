@@ -4,6 +4,8 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include <ATen/core/Generator.h>
@@ -38,6 +40,19 @@ class Sampler {
   /// The same indices as an order read by position; the loader reads one batch at a time. The
   /// default holds `indices(epoch)`; ferry's samplers override it to skip that list.
   virtual std::shared_ptr<const IndexOrder> order(std::uint64_t epoch);
+
+  /// Checkpoints (`DataLoader::state()`): a JSON object saved with the loader's position.
+  /// ferry's samplers are functions of their arguments and the epoch, so theirs records those
+  /// arguments and `load_state` checks them. The default saves nothing: a sampler of your own
+  /// whose `indices(epoch)` depends on more than its epoch (a curriculum) overrides both.
+  virtual std::string state() const { return {}; }
+  /// Restores what `state()` saved, before epoch `epoch` resumes with the first `consumed`
+  /// indices of its order consumed. Returns how many indices of the order this sampler now
+  /// yields for that epoch count as consumed: `consumed`, unless restoring changed the order (a
+  /// `DistributedSampler` resumed at another world size splits the rest of the epoch again, and
+  /// returns 0). Throws `ConfigError` naming the field when the state does not fit, and then
+  /// changes nothing. The default accepts only an empty state.
+  virtual std::size_t load_state(std::string_view state, std::uint64_t epoch, std::size_t consumed);
 };
 
 /// 0, 1, ..., n-1.
@@ -50,6 +65,10 @@ class SequentialSampler : public Sampler {
   void set_data_size(std::size_t size) noexcept { size_ = size; }
   std::vector<std::int64_t> indices(std::uint64_t epoch) override;
   std::shared_ptr<const IndexOrder> order(std::uint64_t epoch) override;  // computed, O(1)
+  std::string state() const override;
+  std::size_t load_state(std::string_view state,
+                         std::uint64_t epoch,
+                         std::size_t consumed) override;
 
  private:
   std::size_t size_;
@@ -112,6 +131,10 @@ class RandomSampler : public Sampler {
   /// epochs replayed after a jump back are drawn with the new size). num_samples follows the
   /// size unless it was given. A DataLoader does this for the sampler its `shuffle` makes.
   void set_data_size(std::size_t size) noexcept;
+  std::string state() const override;
+  std::size_t load_state(std::string_view state,
+                         std::uint64_t epoch,
+                         std::size_t consumed) override;
 
  private:
   std::size_t data_size_;
@@ -129,6 +152,10 @@ class SubsetRandomSampler : public Sampler {
   std::size_t size() const override { return subset_->size(); }
   std::vector<std::int64_t> indices(std::uint64_t epoch) override;
   std::shared_ptr<const IndexOrder> order(std::uint64_t epoch) override;
+  std::string state() const override;
+  std::size_t load_state(std::string_view state,
+                         std::uint64_t epoch,
+                         std::size_t consumed) override;
 
  private:
   std::shared_ptr<const std::vector<std::int64_t>> subset_;
@@ -148,6 +175,10 @@ class WeightedRandomSampler : public Sampler {
   std::size_t size() const override { return num_samples_; }
   std::vector<std::int64_t> indices(std::uint64_t epoch) override;
   std::shared_ptr<const IndexOrder> order(std::uint64_t epoch) override;
+  std::string state() const override;
+  std::size_t load_state(std::string_view state,
+                         std::uint64_t epoch,
+                         std::size_t consumed) override;
 
  private:
   at::Tensor weights_;
@@ -160,19 +191,25 @@ class WeightedRandomSampler : public Sampler {
 /// order (shuffled with seed `seed + epoch` when `shuffle`) is padded by wrapping around to a
 /// multiple of `num_replicas` (or cut to one with `drop_last`), and rank r takes every
 /// num_replicas-th index from r.
+///
+/// Elastic resume: with every rank at the same position (ranks in step), what all ranks consumed
+/// is a prefix of the epoch's global order. A state saved at one world size and loaded at
+/// another (`load_state`) splits the rest of that epoch again, rank r taking every
+/// num_replicas-th of the remaining positions from r (padded by wrapping around the remainder,
+/// or cut with `drop_last`); later epochs are PyTorch's again.
 class DistributedSampler : public Sampler {
  public:
   struct Options {
-    /// World size; default: the `WORLD_SIZE` environment variable, as torchrun sets it.
+    /// World size; default: the launcher's (`ferry::launch_info()`: torchrun, Open MPI, Slurm).
     std::optional<std::size_t> num_replicas{};
-    /// This process's rank; default: the `RANK` environment variable.
+    /// This process's rank; default: the launcher's.
     std::optional<std::size_t> rank{};
     bool shuffle = true;
     std::uint64_t seed = 0;
     bool drop_last = false;
   };
   /// Throws `ConfigError` if the rank is outside [0, num_replicas), num_replicas is 0, or they are
-  /// neither given nor in the environment.
+  /// neither given nor set by a launcher (or the launchers disagree: see `ferry::launch_info`).
   DistributedSampler(std::size_t data_size, Options options);
   explicit DistributedSampler(std::size_t data_size) : DistributedSampler(data_size, Options{}) {}
 
@@ -184,8 +221,28 @@ class DistributedSampler : public Sampler {
   std::size_t rank() const noexcept { return rank_; }
   /// Indices per rank before padding or dropping, times num_replicas.
   std::size_t total_size() const noexcept { return num_samples_ * num_replicas_; }
+  /// PyTorch's `num_samples`: indices per rank for a dataset of `data_size` over `num_replicas`.
+  static std::size_t per_rank(std::size_t data_size,
+                              std::size_t num_replicas,
+                              bool drop_last) noexcept;
+  /// Indices this rank yields in epoch `epoch` (size(), or its share of a resumed remainder).
+  std::size_t size_in_epoch(std::uint64_t epoch) const noexcept;
+  std::string state() const override;
+  /// With the saved world size: that position, unchanged. With another: the positions all
+  /// ranks consumed (each `consumed` of its own, ranks in step), after which this world's split
+  /// of the rest starts; returns 0.
+  std::size_t load_state(std::string_view state,
+                         std::uint64_t epoch,
+                         std::size_t consumed) override;
 
  private:
+  // An epoch resumed at another world size: its global positions [begin, end) split again.
+  struct Split {
+    std::uint64_t epoch = 0;
+    std::size_t begin = 0;
+    std::size_t end = 0;
+  };
+
   std::size_t data_size_;
   std::size_t num_replicas_;
   std::size_t rank_;
@@ -193,6 +250,7 @@ class DistributedSampler : public Sampler {
   std::uint64_t seed_;
   bool drop_last_;
   std::size_t num_samples_;
+  std::optional<Split> split_;
 };
 
 /// Groups a sampler's indices into batches, as `torch.utils.data.BatchSampler`. Subclass it and
@@ -209,6 +267,11 @@ class BatchSampler {
   virtual std::vector<std::vector<std::int64_t>> batches(std::uint64_t epoch);
 
   const std::shared_ptr<Sampler>& sampler() const noexcept { return sampler_; }
+  /// Checkpoints: as `Sampler::state` and `Sampler::load_state`, for the epoch's batches
+  /// (`consumed` counts batches). The default saves and restores its sampler's, whose consumed
+  /// indices are `consumed * batch_size` (fewer at the end of an epoch).
+  virtual std::string state() const;
+  virtual std::size_t load_state(std::string_view state, std::uint64_t epoch, std::size_t consumed);
   std::size_t batch_size() const noexcept { return batch_size_; }
   bool drop_last() const noexcept { return drop_last_; }
 

@@ -161,6 +161,7 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset,
     }
     state_->own_sampler = sampler;
   }
+  state_->keep_empty_batches = dynamic_cast<const DistributedSampler*>(sampler.get()) != nullptr;
   state_->batch_sampler =
       std::make_shared<BatchSampler>(std::move(sampler), o.batch_size, o.drop_last);
   state_->dataset = std::move(dataset);
@@ -175,6 +176,8 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset,
   FERRY_CHECK(batch_sampler != nullptr, "DataLoader: the batch_sampler is null");
   check_map_options(options, false, true);
   state_ = make_state(std::move(options), std::move(collate_fn));
+  state_->keep_empty_batches =
+      dynamic_cast<const DistributedSampler*>(batch_sampler->sampler().get()) != nullptr;
   state_->batch_sampler = std::move(batch_sampler);
   state_->dataset = std::move(dataset);
   prepare_workers(*state_);
@@ -223,11 +226,15 @@ DataLoader::~DataLoader() {
 DataLoader::Iterator DataLoader::begin() {
   FERRY_CHECK(state_ != nullptr, "DataLoader: use of a moved-from loader");
   const std::uint64_t epoch = state_->next_epoch++;
+  // A checkpoint loaded for this epoch: its consumed batches are skipped (once).
+  std::optional<LoaderState::Resume> resume;
+  if (state_->resume && state_->resume->epoch == epoch) resume = std::move(state_->resume);
+  state_->resume.reset();
   std::shared_ptr<detail::EpochIterator> impl;
   if (state_->options.num_workers > 0) {
-    impl = std::make_shared<detail::MultiProcessEpoch>(state_, epoch);
+    impl = std::make_shared<detail::MultiProcessEpoch>(state_, epoch, std::move(resume));
   } else if (state_->dataset) {
-    impl = std::make_shared<detail::InProcessMapEpoch>(state_, epoch);
+    impl = std::make_shared<detail::InProcessMapEpoch>(state_, epoch, std::move(resume));
   } else {
     impl = std::make_shared<detail::InProcessStreamEpoch>(state_, epoch);
   }

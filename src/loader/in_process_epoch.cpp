@@ -12,11 +12,16 @@ void check_open(const LoaderState& state) {
 
 }  // namespace
 
-InProcessMapEpoch::InProcessMapEpoch(std::shared_ptr<const LoaderState> state, std::uint64_t epoch)
+InProcessMapEpoch::InProcessMapEpoch(std::shared_ptr<const LoaderState> state,
+                                     std::uint64_t epoch,
+                                     std::optional<LoaderState::Resume> resume)
     : state_(std::move(state)),
+      resume_(std::move(resume)),
+      progress_(state_, epoch, resume_),
       epoch_(epoch),
       plan_(plan_epoch(*state_, epoch)),
       size_(state_->dataset->size()) {
+  progress_.set_batches(plan_.size());
   fetch_options_.threads = state_->options.worker_threads;
   fetch_options_.skip_errors = state_->options.on_error == OnError::kSkip;
 }
@@ -24,13 +29,18 @@ InProcessMapEpoch::InProcessMapEpoch(std::shared_ptr<const LoaderState> state, s
 std::optional<Batch> InProcessMapEpoch::next() {
   for (;;) {
     check_open(*state_);
+    while (resume_ && position_ < plan_.size() && resume_->skips(position_)) ++position_;
     if (position_ >= plan_.size()) return std::nullopt;
     const std::size_t sequence = position_++;  // past this batch even if it fails
+    progress_.consumed(sequence);              // the loop gets it, or its error
     const workers::WorkerIdentity who{0, 1, *state_->options.seed};
     workers::FetchedBatch fetched = workers::fetch_batch(
         *state_->dataset, size_, plan_.batch(sequence), epoch_, who, fetch_options_, nullptr);
     state_->record_skipped(epoch_, fetched.skipped);
-    if (fetched.samples.empty()) continue;  // every sample was skipped
+    if (fetched.samples.empty()) {  // every sample was skipped (see MultiProcessEpoch)
+      if (state_->keep_empty_batches) return deliver_empty(epoch_, sequence, *state_);
+      continue;
+    }
     return deliver(workers::collate_samples(std::move(fetched.samples), state_->collate_fn,
                                             *state_->buffers, epoch_, sequence),
                    *state_);

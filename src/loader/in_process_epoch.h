@@ -13,11 +13,15 @@ namespace ferry::detail {
 // num_workers = 0 over a map-style dataset: load each batch in the calling thread.
 class InProcessMapEpoch final : public EpochIterator {
  public:
-  InProcessMapEpoch(std::shared_ptr<const LoaderState> state, std::uint64_t epoch);
+  InProcessMapEpoch(std::shared_ptr<const LoaderState> state,
+                    std::uint64_t epoch,
+                    std::optional<LoaderState::Resume> resume = std::nullopt);
   std::optional<Batch> next() override;
 
  private:
   std::shared_ptr<const LoaderState> state_;
+  std::optional<LoaderState::Resume> resume_;
+  ProgressTracker progress_;
   std::uint64_t epoch_;
   EpochPlan plan_;
   std::size_t size_;

@@ -1,5 +1,6 @@
 #include "loader/loader_state.h"
 
+#include <algorithm>
 #include <thread>
 #include <typeinfo>
 
@@ -52,6 +53,51 @@ void LoaderState::record_skipped(std::uint64_t epoch,
   }
 }
 
+bool LoaderState::Resume::skips(std::uint64_t sequence) const noexcept {
+  return sequence < prefix || std::binary_search(beyond.begin(), beyond.end(), sequence);
+}
+
+ProgressTracker::ProgressTracker(std::shared_ptr<const LoaderState> state,
+                                 std::uint64_t epoch,
+                                 const std::optional<LoaderState::Resume>& resume)
+    : state_(std::move(state)) {
+  const std::lock_guard<std::mutex> lock(state_->progress_mutex);
+  owner_ = state_->next_progress_owner++;
+  LoaderState::Progress& p = state_->progress;
+  p = {};
+  p.owner = owner_;
+  p.epoch = epoch;
+  if (resume) {
+    p.prefix = resume->prefix;
+    p.beyond.insert(resume->beyond.begin(), resume->beyond.end());
+  }
+}
+
+ProgressTracker::~ProgressTracker() {
+  const std::lock_guard<std::mutex> lock(state_->progress_mutex);
+  if (state_->progress.owner == owner_) state_->progress.owner = 0;
+}
+
+void ProgressTracker::set_batches(std::size_t batches) {
+  const std::lock_guard<std::mutex> lock(state_->progress_mutex);
+  if (state_->progress.owner == owner_) state_->progress.batches = batches;
+}
+
+void ProgressTracker::consumed(std::uint64_t sequence) {
+  const std::lock_guard<std::mutex> lock(state_->progress_mutex);
+  LoaderState::Progress& p = state_->progress;
+  if (p.owner != owner_ || sequence < p.prefix) return;
+  if (sequence == p.prefix) {
+    ++p.prefix;
+    while (!p.beyond.empty() && *p.beyond.begin() == p.prefix) {
+      p.beyond.erase(p.beyond.begin());
+      ++p.prefix;
+    }
+  } else {
+    p.beyond.insert(sequence);
+  }
+}
+
 void throw_loader_closed(const char* when) {
   throw LoaderClosed(detail::str("DataLoader: the loader was destroyed or closed ", when,
                                  "; keep the loader alive for as long as you iterate it"));
@@ -66,6 +112,13 @@ Batch deliver(device::StagedBatch staged, const LoaderState& state) {
   state.delivered_samples.fetch_add(staged.batch.size(), std::memory_order_relaxed);
   if (!state.stage) return std::move(staged.batch);
   return state.stage->finish(std::move(staged));
+}
+
+Batch deliver_empty(std::uint64_t epoch, std::uint64_t sequence, const LoaderState& state) {
+  state.delivered_batches.fetch_add(1, std::memory_order_relaxed);
+  Batch batch(0);
+  batch.set_position(epoch, sequence);
+  return batch;
 }
 
 Batch deliver(Batch host, const LoaderState& state) {

@@ -5,6 +5,8 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <set>
 #include <span>
 #include <vector>
 
@@ -37,6 +39,9 @@ struct LoaderState {
   // from epoch to epoch; null for a sampler or batch sampler the user gave.
   std::shared_ptr<Sampler> own_sampler;
   CollateFn collate_fn;
+  // A batch whose every sample on_error = skip left out is delivered empty rather than left out,
+  // so that the ranks of a distributed job yield the same number of batches (a DistributedSampler).
+  bool keep_empty_batches = false;
   // spawn and forkserver: what a worker rebuilds (canonical configuration text and hash) and
   // the program spawn starts. Empty collate_config: default collate.
   std::string dataset_config;
@@ -76,6 +81,48 @@ struct LoaderState {
   // Stops every worker of this loader; iterators then throw LoaderClosed. Idempotent, noexcept,
   // bounded by the shutdown grace.
   void close() noexcept;
+
+  // Checkpoints (DataLoader::state()). What the training loop has consumed of the epoch in
+  // progress: the batches it received (or whose error it received), by sequence number.
+  struct Progress {
+    std::uint64_t owner = 0;  // the epoch iterator that reports; 0: no epoch in progress
+    std::uint64_t epoch = 0;
+    std::size_t batches = 0;         // in the epoch (map-style)
+    std::size_t prefix = 0;          // batches 0 .. prefix-1 consumed
+    std::set<std::uint64_t> beyond;  // consumed batches past the prefix (out of order)
+  };
+  // Where load_state() continues: the next begin(), if it runs `epoch`, skips these batches.
+  struct Resume {
+    std::uint64_t epoch = 0;
+    std::size_t prefix = 0;
+    std::vector<std::uint64_t> beyond;  // sorted
+    bool skips(std::uint64_t sequence) const noexcept;
+  };
+  std::optional<Resume> resume;
+  mutable std::uint64_t next_progress_owner = 1;  // under progress_mutex
+  mutable std::mutex progress_mutex;
+  mutable Progress progress;
+};
+
+// An epoch iterator's report of what the loop consumed (LoaderState::progress): opened when the
+// epoch starts, closed when the iterator goes (a `break` leaves the rest of the epoch behind, as
+// the next begin() does).
+class ProgressTracker {
+ public:
+  ProgressTracker(std::shared_ptr<const LoaderState> state,
+                  std::uint64_t epoch,
+                  const std::optional<LoaderState::Resume>& resume);
+  ~ProgressTracker();
+  ProgressTracker(const ProgressTracker&) = delete;
+  ProgressTracker& operator=(const ProgressTracker&) = delete;
+  // Batch `sequence` reached the loop (as a batch, its error, or nothing left after skipping).
+  void consumed(std::uint64_t sequence);
+  // The epoch's plan is known: `batches` in all.
+  void set_batches(std::size_t batches);
+
+ private:
+  std::shared_ptr<const LoaderState> state_;
+  std::uint64_t owner_;
 };
 
 // The batches of epoch `epoch`, after the loader's own sampler has taken the dataset's length
@@ -114,5 +161,7 @@ bool spin_before_sleep(const DataLoaderOptions& options) noexcept;
 Batch deliver(device::StagedBatch staged, const LoaderState& state);
 // A batch the calling thread just loaded: started and delivered at once.
 Batch deliver(Batch host, const LoaderState& state);
+// Batch `sequence`, every sample of which was skipped: no samples, no fields.
+Batch deliver_empty(std::uint64_t epoch, std::uint64_t sequence, const LoaderState& state);
 
 }  // namespace ferry::detail

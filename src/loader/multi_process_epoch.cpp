@@ -46,8 +46,12 @@ std::string list_indices(const std::vector<std::int64_t>& indices, std::size_t l
 
 }  // namespace
 
-MultiProcessEpoch::MultiProcessEpoch(std::shared_ptr<LoaderState> state, std::uint64_t epoch)
+MultiProcessEpoch::MultiProcessEpoch(std::shared_ptr<LoaderState> state,
+                                     std::uint64_t epoch,
+                                     std::optional<LoaderState::Resume> resume)
     : state_(std::move(state)),
+      resume_(std::move(resume)),
+      progress_(state_, epoch, resume_),
       epoch_(epoch),
       iterable_(state_->dataset == nullptr),
       spin_(spin_before_sleep(state_->options)) {
@@ -56,7 +60,17 @@ MultiProcessEpoch::MultiProcessEpoch(std::shared_ptr<LoaderState> state, std::ui
   token_ = state_->next_token++;
   undelivered_.assign(state_->options.num_workers, 0);
   exhausted_.assign(state_->options.num_workers, false);
-  if (!iterable_) plan_ = plan_epoch(*state_, epoch_);
+  if (!iterable_) {
+    plan_ = plan_epoch(*state_, epoch_);
+    progress_.set_batches(plan_.size());
+    to_deliver_ = plan_.size();
+    if (resume_) {
+      // Resuming: the batches consumed before the checkpoint are neither loaded nor delivered.
+      next_task_ = next_delivery_ = std::min<std::size_t>(resume_->prefix, plan_.size());
+      to_deliver_ -= next_task_;
+      for (const auto b : resume_->beyond) to_deliver_ -= b >= next_task_ && b < plan_.size();
+    }
+  }
   std::erase_if(state_->pools, [](const auto& weak) { return weak.expired(); });
   if (state_->options.persistent_workers) {
     pool_ = state_->persistent_pool;
@@ -138,7 +152,14 @@ std::optional<Batch> MultiProcessEpoch::next_locked() {
     pool_->send_recycles();  // ...or go on their own to workers that got none
     if (std::optional<Result> r = pop_result()) {
       state_->record_skipped(epoch_, r->skipped);
-      if (r->stream_end || r->empty) continue;
+      if (r->stream_end) continue;
+      if (!iterable_) progress_.consumed(r->sequence);
+      if (r->empty) {
+        // Every sample was skipped. Ranks of a distributed job must yield the same number of
+        // batches, so there the loop gets an empty batch; elsewhere the batch is left out.
+        if (state_->keep_empty_batches) return deliver_empty(epoch_, r->sequence, *state_);
+        continue;
+      }
       if (r->error) std::rethrow_exception(r->error);
       return deliver(std::move(*r->batch), *state_);
     }
@@ -200,6 +221,8 @@ void MultiProcessEpoch::startup_timed_out() {
 std::optional<MultiProcessEpoch::Result> MultiProcessEpoch::pop_result() {
   std::optional<Result> r;
   if (state_->options.in_order) {
+    while (resume_ && !iterable_ && next_delivery_ < plan_.size() && resume_->skips(next_delivery_))
+      ++next_delivery_;
     auto it = ready_.find(next_delivery_);
     if (it == ready_.end()) return std::nullopt;
     r = std::move(it->second);
@@ -210,13 +233,14 @@ std::optional<MultiProcessEpoch::Result> MultiProcessEpoch::pop_result() {
     arrived_.pop_front();
   }
   ++next_delivery_;
+  ++delivered_;
   --undelivered_[r->worker];  // a task counts against prefetch until delivered, as in PyTorch
   if (r->stream_end) exhausted_[r->worker] = true;
   return r;
 }
 
 bool MultiProcessEpoch::finished() const {
-  if (!iterable_) return next_delivery_ >= plan_.size();
+  if (!iterable_) return delivered_ >= to_deliver_;
   for (std::size_t i = 0; i < undelivered_.size(); ++i) {
     if (!exhausted_[i] || undelivered_[i] > 0) return false;
   }
@@ -235,6 +259,10 @@ void MultiProcessEpoch::dispatch_map() {
   const std::size_t cap = *state_->options.prefetch_factor;
   auto& workers = pool_->workers();
   while (next_task_ < plan_.size()) {
+    if (resume_ && resume_->skips(next_task_)) {  // consumed before the checkpoint
+      ++next_task_;
+      continue;
+    }
     WorkerSlot* best = nullptr;
     for (std::size_t k = 0; k < workers.size(); ++k) {
       WorkerSlot& w = workers[(round_robin_ + k) % workers.size()];
@@ -408,7 +436,7 @@ void MultiProcessEpoch::handle_message(WorkerSlot& w,
   }
   Result result;
   result.worker = w.id;
-  std::uint64_t sequence = 0;
+  std::uint64_t& sequence = result.sequence;
   if (auto* m = std::get_if<ipc::BatchReadyMessage>(&message)) {
     sequence = m->sequence;
     const bool current = complete(m->epoch, m->sequence);
@@ -521,7 +549,8 @@ void MultiProcessEpoch::handle_message(WorkerSlot& w,
     fail(std::make_exception_ptr(WorkerError(what, std::move(failure))));
   }
   if (state_->options.in_order) {
-    ready_.emplace(sequence, std::move(result));
+    const std::uint64_t key = sequence;
+    ready_.emplace(key, std::move(result));
   } else {
     arrived_.push_back(std::move(result));
   }

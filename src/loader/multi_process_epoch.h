@@ -25,7 +25,10 @@ namespace ferry::detail {
 // loader into an exception instead of a hang.
 class MultiProcessEpoch final : public EpochIterator {
  public:
-  MultiProcessEpoch(std::shared_ptr<LoaderState> state, std::uint64_t epoch);
+  // `resume`: batches of this epoch the loop consumed before a checkpoint; they are not loaded.
+  MultiProcessEpoch(std::shared_ptr<LoaderState> state,
+                    std::uint64_t epoch,
+                    std::optional<LoaderState::Resume> resume = std::nullopt);
   ~MultiProcessEpoch() override;
   std::optional<Batch> next() override;
 
@@ -37,6 +40,7 @@ class MultiProcessEpoch final : public EpochIterator {
     bool empty = false;       // every sample of the batch was skipped; nothing to deliver
     std::vector<workers::SkippedSample> skipped;
     std::size_t worker = 0;
+    std::uint64_t sequence = 0;
   };
 
   std::optional<Batch> next_locked();
@@ -72,6 +76,8 @@ class MultiProcessEpoch final : public EpochIterator {
   static std::string cuda_advice(const WorkerSlot& w, const std::string& message);
 
   std::shared_ptr<LoaderState> state_;
+  std::optional<LoaderState::Resume> resume_;
+  ProgressTracker progress_;
   std::shared_ptr<WorkerPool> pool_;
   std::uint64_t epoch_;
   std::uint64_t token_;
@@ -79,6 +85,8 @@ class MultiProcessEpoch final : public EpochIterator {
   EpochPlan plan_;                         // map-style: the epoch's batches
   std::uint64_t next_task_ = 0;            // next sequence number to dispatch
   std::uint64_t next_delivery_ = 0;        // in order: next sequence to deliver
+  std::size_t delivered_ = 0;              // map-style: results handed to the loop...
+  std::size_t to_deliver_ = 0;             // ...of these (the plan, less what a resume skips)
   std::map<std::uint64_t, Result> ready_;  // in order: results by sequence
   std::deque<Result> arrived_;             // out of order: results as they came
   std::size_t round_robin_ = 0;

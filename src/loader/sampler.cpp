@@ -4,11 +4,14 @@
 #include <cmath>
 #include <cstring>
 #include <numeric>
+#include <typeinfo>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
 #include "ferry/error.h"
+
+#include "loader/state_json.h"
 
 namespace ferry {
 
@@ -75,18 +78,22 @@ class SubsetOrder final : public IndexOrder {
   at::Tensor perm_;
 };
 
-// Rank `rank`'s positions rank, rank + replicas, ... of the (padded) order over `data_size`
-// samples, where position g holds order[g % data_size] (padding wraps around): the
-// permutation's entry, or g % data_size itself without shuffling.
+// Rank `rank`'s k-th index: position (rank + k * replicas) mod span of the epoch's positions
+// [begin, begin + span) of the global order, where position g holds the permutation's entry g
+// (or g itself without shuffling). Unresumed, [begin, begin + span) is the whole dataset and the
+// modulo is PyTorch's padding by wrapping around; an epoch resumed at another world size splits
+// its remaining positions the same way.
 class DistributedOrder final : public IndexOrder {
  public:
   DistributedOrder(at::Tensor perm,
-                   std::size_t data_size,
+                   std::size_t begin,
+                   std::size_t span,
                    std::size_t rank,
                    std::size_t replicas,
                    std::size_t count)
       : perm_(perm.defined() ? perm.contiguous() : perm),
-        data_size_(data_size),
+        begin_(begin),
+        span_(span),
         rank_(rank),
         replicas_(replicas),
         count_(count) {}
@@ -95,14 +102,14 @@ class DistributedOrder final : public IndexOrder {
     FERRY_ASSERT(start + out.size() <= count_);
     const std::int64_t* p = perm_.defined() ? perm_.data_ptr<std::int64_t>() : nullptr;
     for (std::size_t k = 0; k < out.size(); ++k) {
-      const std::size_t position = (rank_ + (start + k) * replicas_) % data_size_;
+      const std::size_t position = begin_ + (rank_ + (start + k) * replicas_) % span_;
       out[k] = p != nullptr ? p[position] : static_cast<std::int64_t>(position);
     }
   }
 
  private:
   at::Tensor perm_;
-  std::size_t data_size_, rank_, replicas_, count_;
+  std::size_t begin_, span_, rank_, replicas_, count_;
 };
 
 std::vector<std::int64_t> materialise(const IndexOrder& order) {
@@ -261,8 +268,11 @@ std::shared_ptr<const IndexOrder> DistributedSampler::order(std::uint64_t epoch)
     at::Generator gen = at::detail::createCPUGenerator(seed_ + epoch);
     perm = randperm(data_size_, gen);
   }
-  return std::make_shared<DistributedOrder>(std::move(perm), data_size_, rank_, num_replicas_,
-                                            num_samples_);
+  const bool resumed = split_ && split_->epoch == epoch;
+  const std::size_t begin = resumed ? split_->begin : 0;
+  const std::size_t span = resumed ? split_->end - split_->begin : data_size_;
+  return std::make_shared<DistributedOrder>(std::move(perm), begin, span, rank_, num_replicas_,
+                                            size_in_epoch(epoch));
 }
 
 BatchSampler::BatchSampler(std::shared_ptr<Sampler> sampler, std::size_t batch_size, bool drop_last)
@@ -276,6 +286,24 @@ std::size_t BatchSampler::size() const {
                "a BatchSampler subclass without a sampler must override size()");
   const std::size_t n = sampler_->size();
   return drop_last_ ? n / batch_size_ : (n + batch_size_ - 1) / batch_size_;
+}
+
+std::string BatchSampler::state() const { return sampler_ ? sampler_->state() : std::string(); }
+
+std::size_t BatchSampler::load_state(std::string_view state,
+                                     std::uint64_t epoch,
+                                     std::size_t consumed) {
+  if (!sampler_) {
+    FERRY_CHECK(state.empty(), "the state holds a batch sampler's state, but this batch sampler (",
+                typeid(*this).name(), ") saves none; resume with the batch sampler it came from");
+    return consumed;
+  }
+  const std::size_t indices = consumed * batch_size_;
+  const std::size_t now = sampler_->load_state(state, epoch, indices);
+  if (now == indices) return consumed;
+  FERRY_CHECK(now % batch_size_ == 0, "BatchSampler: the sampler resumed epoch ", epoch, " with ",
+              now, " indices consumed, which is not a whole number of batches of ", batch_size_);
+  return now / batch_size_;
 }
 
 std::vector<std::vector<std::int64_t>> BatchSampler::batches(std::uint64_t epoch) {

@@ -1,0 +1,71 @@
+#include "ipc/files.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "ferry/error.h"
+
+#include "ipc/unique_fd.h"
+
+namespace ferry::ipc {
+
+namespace {
+
+[[noreturn]] void fail(std::string_view what,
+                       const std::filesystem::path& path,
+                       const char* step,
+                       int error) {
+  throw Error(detail::str(what, " ", path.string(), ": ", step, " failed: ", std::strerror(error),
+                          "; check that the folder exists, is writable and has room"));
+}
+
+}  // namespace
+
+void write_file_atomically(const std::filesystem::path& path,
+                           std::string_view text,
+                           std::string_view what) {
+  std::filesystem::path temporary = path;
+  temporary += detail::str(".tmp.", ::getpid());
+  UniqueFd fd(::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (!fd) fail(what, temporary, "creating", errno);
+  auto give_up = [&](const char* step) {
+    const int error = errno;
+    fd.reset();
+    ::unlink(temporary.c_str());
+    fail(what, path, step, error);
+  };
+  std::size_t written = 0;
+  while (written < text.size()) {
+    const ssize_t n = ::write(fd.get(), text.data() + written, text.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) give_up("writing");
+    written += static_cast<std::size_t>(n);
+  }
+  if (::fsync(fd.get()) != 0) give_up("flushing to disk");
+  fd.reset();
+  if (::rename(temporary.c_str(), path.c_str()) != 0) give_up("renaming into place");
+  // The rename itself reaches the disk with the folder.
+  std::filesystem::path folder = path.parent_path();
+  if (folder.empty()) folder = ".";
+  UniqueFd dir(::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (dir) (void)::fsync(dir.get());
+}
+
+std::string read_file(const std::filesystem::path& path, std::string_view what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    throw Error(
+        detail::str(what, " ", path.string(), ": cannot open for reading: ", std::strerror(errno)));
+  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw Error(detail::str(what, " ", path.string(), ": read failed"));
+  return text.str();
+}
+
+}  // namespace ferry::ipc
