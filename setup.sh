@@ -25,7 +25,7 @@ packages=(cmake g++ ninja-build libtorch-dev nlohmann-json3-dev libgtest-dev lib
           libopencv-dev libjpeg-dev libpng-dev libtbb-dev libyaml-cpp-dev libcli11-dev)
 # The vision tests compare against torchvision, run by Debian's Python.
 if [ "$mode" = test ]; then
-  packages+=(python3-torchvision python3-pil)
+  packages+=(python3-torchvision python3-pil openmpi-bin)
 fi
 
 missing=()

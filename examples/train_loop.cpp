@@ -5,8 +5,14 @@
 //
 //   example_train_loop [--epochs N] [--samples N] [--batch-size N] [--workers N]
 //                      [--start-method fork|forkserver|spawn] [--device cpu|cuda|cuda:N]
+//                      [--checkpoint DIR [--save-every N]] [--max-steps N]
 // With --device cuda the model goes to the GPU first and the loader is built after it (a fork
 // loader after CUDA started is fine: workers never use CUDA); batches arrive on the GPU.
+//
+// With --checkpoint DIR the model and the loader's state are saved together every --save-every
+// steps (100), and a run that finds a checkpoint there resumes from it: the same batches, in the
+// same order, as if it had never stopped, so the final model is bitwise the uninterrupted one's.
+// --max-steps stops after that many steps in all (a job's time limit, say).
 
 #include <ferry/ferry.h>
 
@@ -14,8 +20,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <optional>
 #include <string>
+
+#include <torch/serialize.h>
 
 namespace {
 
@@ -69,6 +79,47 @@ std::optional<torch::Device> device(int argc, char** argv) {
   }
   return std::nullopt;
 }
+
+const char* text_arg(int argc, char** argv, const char* name) {
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (std::strcmp(argv[i], name) == 0) return argv[i + 1];
+  }
+  return nullptr;
+}
+
+// A checkpoint is a step's model and loader state, written first, then named in `latest`
+// (replaced atomically): a crash at any moment leaves the previous checkpoint whole.
+struct Checkpoint {
+  std::filesystem::path dir;
+
+  std::filesystem::path model(std::size_t step) const {
+    return dir / ("model-" + std::to_string(step) + ".pt");
+  }
+  std::filesystem::path loader(std::size_t step) const {
+    return dir / ("loader-" + std::to_string(step) + ".json");
+  }
+  std::optional<std::size_t> latest() const {
+    std::ifstream in(dir / "latest");
+    std::size_t step = 0;
+    if (in >> step) return step;
+    return std::nullopt;
+  }
+  void save(std::size_t step,
+            std::vector<torch::Tensor> parameters,
+            const ferry::DataLoader& data) const {
+    std::filesystem::create_directories(dir);
+    const std::optional<std::size_t> previous = latest();
+    torch::save(parameters, model(step).string());
+    data.save_state(loader(step));
+    const std::filesystem::path next = dir / "latest.next";
+    std::ofstream(next) << step << "\n";
+    std::filesystem::rename(next, dir / "latest");
+    if (previous && *previous != step) {
+      std::filesystem::remove(model(*previous));
+      std::filesystem::remove(loader(*previous));
+    }
+  }
+};
 
 int train(int argc, char** argv);
 
@@ -127,12 +178,34 @@ int train(int argc, char** argv) {
                             .start_method = workers > 0 ? std::optional(method) : std::nullopt,
                             .device = on});
 
+  const std::size_t max_steps = arg(argc, argv, "--max-steps", SIZE_MAX);
+  const std::size_t save_every = arg(argc, argv, "--save-every", 100);
+  std::optional<Checkpoint> checkpoint;
+  if (const char* dir = text_arg(argc, argv, "--checkpoint")) checkpoint = Checkpoint{dir};
+  std::size_t steps = 0;  // in all, over every run that resumed this one
+  if (checkpoint) {
+    if (const std::optional<std::size_t> step = checkpoint->latest()) {
+      std::vector<torch::Tensor> parameters;
+      torch::load(parameters, checkpoint->model(*step).string());
+      {
+        at::NoGradGuard no_grad;
+        weight.copy_(parameters.at(0));
+        bias.copy_(parameters.at(1));
+      }
+      loader.load_state_file(checkpoint->loader(*step));
+      steps = *step;
+      std::printf("resumed from %s at step %zu (epoch %llu)\n", checkpoint->dir.c_str(), steps,
+                  static_cast<unsigned long long>(loader.epoch()));
+    }
+  }
+
   std::printf(
       "ferry %s: training a %lld-class softmax classifier on %zu synthetic samples, "
       "batch_size=%zu, num_workers=%zu, start_method=%s, device=%s, %zu batches per epoch\n",
       FERRY_VERSION, static_cast<long long>(kClasses), samples, batch_size, workers,
       std::string(ferry::to_string(method)).c_str(), on ? on->str().c_str() : "cpu", loader.size());
-  for (std::size_t epoch = 0; epoch < epochs; ++epoch) {
+  while (loader.epoch() < epochs && steps < max_steps) {
+    const std::size_t epoch = loader.epoch();
     const auto start = std::chrono::steady_clock::now();
     double loss_sum = 0;
     std::int64_t correct = 0, seen = 0;
@@ -157,7 +230,12 @@ int train(int argc, char** argv) {
         std::printf("  epoch %zu  batch %zu/%zu  loss %.4f\n", epoch, step, loader.size(),
                     loss.item<double>());
       }
+      ++steps;
+      // The loader's state says what this step consumed: saved with the model after the step.
+      if (checkpoint && steps % save_every == 0) checkpoint->save(steps, {weight, bias}, loader);
+      if (steps >= max_steps) break;
     }
+    if (seen == 0) continue;
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     std::printf("epoch %zu: loss %.4f  accuracy %.1f%%  %lld samples in %.2f s (%.0f samples/s)\n",
@@ -165,6 +243,15 @@ int train(int argc, char** argv) {
                 100.0 * static_cast<double>(correct) / static_cast<double>(seen),
                 static_cast<long long>(seen), seconds, static_cast<double>(seen) / seconds);
   }
+  // A fingerprint of the model's bytes: an interrupted and resumed run ends with the same one.
+  std::uint64_t hash = 14695981039346656037ull;
+  for (const torch::Tensor& t : {weight, bias}) {
+    const torch::Tensor cpu = t.detach().to(torch::kCPU).contiguous();
+    const auto* bytes = static_cast<const unsigned char*>(cpu.data_ptr());
+    for (std::size_t i = 0; i < cpu.nbytes(); ++i) hash = (hash ^ bytes[i]) * 1099511628211ull;
+  }
+  std::printf("after %zu steps: model fingerprint %016llx\n", steps,
+              static_cast<unsigned long long>(hash));
   return 0;
 }
 

@@ -18,6 +18,8 @@ class SyntheticDataset : public Dataset {
     bool uint8 = false;  // uint8 in [0, 255] instead of float32
     std::int64_t num_classes = 10;
     std::uint64_t seed = 0;
+    /// Time each get() sleeps, standing in for reading and decoding (tests and benchmarks).
+    std::uint64_t load_us = 0;
   };
   explicit SyntheticDataset(Options options);
   std::size_t size() const override { return options_.size; }

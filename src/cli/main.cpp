@@ -1,5 +1,6 @@
 // The ferry command: run, validate and describe YAML pipelines; write the sample dataset.
-// Exit codes: 0 done, 1 a failure (a bad pipeline, a data error), 2 a usage error.
+// Exit codes: 0 done, 1 a failure (a bad pipeline, a data error), 2 a usage error, 75 stopped
+// by SIGTERM or SIGUSR1 after saving the state of what was consumed (ferry run --save-state).
 
 #include <unistd.h>
 
@@ -220,6 +221,13 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--json", run.json, "write the summary as JSON to FILE");
   run_cmd->add_option("--dump-indices", run.dump_indices,
                       "write each batch's sample indices to FILE, one JSON line per batch");
+  run_cmd->add_option("--save-state", run.save_state,
+                      "write the loader's checkpoint to FILE (atomically) at the end, every "
+                      "--save-every batches, and on SIGTERM or SIGUSR1 (then exit 75)");
+  run_cmd->add_option("--save-every", run.save_every, "with --save-state: every N batches");
+  run_cmd->add_option("--resume", run.resume,
+                      "continue from a checkpoint that --save-state wrote ({rank} in any file "
+                      "name becomes this process's rank)");
   run_cmd
       ->add_option("--log-every", run.log_every,
                    "seconds between progress lines when not on a terminal")

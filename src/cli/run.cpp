@@ -1,16 +1,22 @@
 #include "cli/run.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <CLI/Error.hpp>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "ferry/error.h"
+#include "ferry/launch.h"
 #include "ferry/pipeline.h"
+
+#include "ipc/files.h"
 
 namespace ferry::cli {
 
@@ -90,28 +96,83 @@ struct Progress {
   }
 };
 
+// SIGTERM and SIGUSR1: the run stops after the batch in hand and saves what was consumed.
+volatile std::sig_atomic_t g_stop_signal = 0;
+
+extern "C" void on_stop_signal(int signal) { g_stop_signal = signal; }
+
+// Installs the handlers for the run's lifetime; restores the old ones after.
+class StopSignals {
+ public:
+  StopSignals() {
+    struct sigaction action {};
+    action.sa_handler = on_stop_signal;
+    sigemptyset(&action.sa_mask);
+    ::sigaction(SIGTERM, &action, &old_term_);
+    ::sigaction(SIGUSR1, &action, &old_usr1_);
+  }
+  ~StopSignals() {
+    ::sigaction(SIGTERM, &old_term_, nullptr);
+    ::sigaction(SIGUSR1, &old_usr1_, nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  struct sigaction old_term_ {};
+  struct sigaction old_usr1_ {};
+};
+
 }  // namespace
 
-std::string json_string(const std::string& s) { return Config(s).to_text(); }
+std::string for_this_rank(std::string path) {
+  const auto at = path.find("{rank}");
+  if (at == std::string::npos) return path;
+  const std::optional<LaunchInfo> launch = launch_info();
+  return path.replace(at, 6, std::to_string(launch ? launch->rank : 0));
+}
 
 int run_pipeline(const RunOptions& options) {
   if (options.epochs == 0) throw CLI::ValidationError("--epochs", "must be at least 1");
   if (options.max_batches && *options.max_batches == 0) {
     throw CLI::ValidationError("--max-batches", "must be at least 1");
   }
+  if (options.save_every && *options.save_every == 0) {
+    throw CLI::ValidationError("--save-every", "must be at least 1");
+  }
+  if (options.save_every && options.save_state.empty()) {
+    throw CLI::ValidationError("--save-every", "needs --save-state FILE to write to");
+  }
   const Pipeline pipeline = read_pipeline(options.config, {.set = options.set});
   DataLoader loader = pipeline.make_loader();
+  const std::string save_path = for_this_rank(options.save_state);
+  std::size_t resumed_in_epoch = 0;  // batches of the first epoch consumed before --resume
+  if (!options.resume.empty()) {
+    const std::string path = for_this_rank(options.resume);
+    loader.load_state_file(path);
+    const nlohmann::json state = nlohmann::json::parse(ipc::read_file(path, "--resume"));
+    if (state["epoch"].get<std::uint64_t>() == loader.epoch()) {
+      resumed_in_epoch = state["position"].get<std::size_t>() + state["received_beyond"].size();
+    }
+    std::fprintf(stderr, "ferry run: resuming from %s at epoch %llu, batch %zu\n", path.c_str(),
+                 static_cast<unsigned long long>(loader.epoch()), resumed_in_epoch);
+  }
   std::optional<std::ofstream> dump;
-  if (!options.dump_indices.empty()) dump = open_output(options.dump_indices, "--dump-indices");
+  if (!options.dump_indices.empty()) {
+    dump = open_output(for_this_rank(options.dump_indices), "--dump-indices");
+  }
   std::optional<std::ofstream> json;
-  if (!options.json.empty()) json = open_output(options.json, "--json");
+  if (!options.json.empty()) json = open_output(for_this_rank(options.json), "--json");
 
+  const std::uint64_t first_epoch = loader.epoch();
+  const std::size_t epochs = first_epoch < options.epochs ? options.epochs - first_epoch : 0;
   Progress progress;
   progress.log_every = options.log_every;
   try {
     std::size_t per_epoch = loader.size();
     if (options.max_batches) per_epoch = std::min(per_epoch, *options.max_batches);
-    progress.planned = per_epoch * options.epochs;
+    progress.planned = per_epoch * epochs;
+    progress.planned = *progress.planned - std::min(*progress.planned, resumed_in_epoch);
   } catch (const Error&) {
     // An iterable dataset without a size hint: no total, no ETA.
   }
@@ -119,26 +180,60 @@ int run_pipeline(const RunOptions& options) {
                progress.planned ? (std::to_string(*progress.planned) + " batches").c_str()
                                 : "batches until the stream ends");
 
-  for (std::size_t epoch = 0; epoch < options.epochs; ++epoch) {
-    std::size_t in_epoch = 0;
-    for (auto it = loader.begin(); it != loader.end(); ++it) {
-      const Batch& batch = *it;
-      ++progress.batches;
-      progress.samples += batch.size();
-      for (const std::string& name : batch) {
-        if (batch.is_tensor(name)) progress.bytes += batch[name].nbytes();
+  auto save = [&] {
+    if (save_path.empty()) return;
+    // The dump reaches the disk first, so it always holds at least what the state says.
+    if (dump && !dump->flush())
+      throw Error("--dump-indices " + options.dump_indices + ": write failed");
+    loader.save_state(save_path);
+  };
+  const StopSignals signals;
+  g_stop_signal = 0;
+  auto preempted = [&] {
+    const int signal = g_stop_signal;
+    save();
+    std::fprintf(stderr, "\nferry run: stopped by %s after %zu batches; %s\n",
+                 signal == SIGTERM ? "SIGTERM" : "SIGUSR1", progress.batches,
+                 save_path.empty() ? "no --save-state was given, so nothing was saved"
+                                   : ("the state of what was consumed is in " + save_path +
+                                      " (resume with --resume)")
+                                         .c_str());
+    return kPreempted;
+  };
+  for (std::size_t e = 0; e < epochs; ++e) {
+    std::size_t in_epoch = e == 0 ? resumed_in_epoch : 0;
+    if (options.max_batches && in_epoch >= *options.max_batches) {  // resumed past the limit
+      loader.set_epoch(loader.epoch() + 1);
+      continue;
+    }
+    try {
+      for (auto it = loader.begin(); it != loader.end(); ++it) {
+        const Batch& batch = *it;
+        ++progress.batches;
+        progress.samples += batch.size();
+        for (const std::string& name : batch) {
+          if (batch.is_tensor(name)) progress.bytes += batch[name].nbytes();
+        }
+        if (dump) {
+          *dump << nlohmann::ordered_json{{"epoch", batch.epoch()},
+                                          {"batch", batch.sequence()},
+                                          {"indices", batch.indices()}}
+                       .dump()
+                << "\n";
+        }
+        progress.show(first_epoch + e, options.epochs, false);
+        if (options.save_every && progress.batches % *options.save_every == 0) save();
+        if (g_stop_signal != 0) return preempted();
+        if (options.max_batches && ++in_epoch >= *options.max_batches) break;
       }
-      if (dump) {
-        *dump << "{\"epoch\": " << batch.epoch() << ", \"batch\": " << batch.sequence()
-              << ", \"indices\": [";
-        const auto& indices = batch.indices();
-        for (std::size_t i = 0; i < indices.size(); ++i) *dump << (i ? ", " : "") << indices[i];
-        *dump << "]}\n";
-      }
-      progress.show(epoch, options.epochs, false);
-      if (options.max_batches && ++in_epoch >= *options.max_batches) break;
+    } catch (const Error&) {
+      // The scheduler signals every process of the job, workers too: a worker that died of it
+      // is the preemption, not a failure. What was consumed is still exact.
+      if (g_stop_signal != 0) return preempted();
+      throw;
     }
   }
+  save();
   progress.show(options.epochs - 1, options.epochs, true);
   const double seconds = seconds_since(progress.start);
   const LoaderStats stats = loader.stats();
@@ -148,31 +243,34 @@ int run_pipeline(const RunOptions& options) {
   std::printf(
       "%s: %zu epoch%s, %zu batches, %zu samples in %.2f s: %.1f samples/s, %.1f MB/s; "
       "%zu samples skipped\n",
-      options.config.c_str(), options.epochs, options.epochs == 1 ? "" : "s", progress.batches,
-      progress.samples, seconds, rate, mbps, stats.skipped);
+      options.config.c_str(), epochs, epochs == 1 ? "" : "s", progress.batches, progress.samples,
+      seconds, rate, mbps, stats.skipped);
   for (const SkippedSample& s : stats.skipped_samples) {
     std::printf("  skipped: epoch %llu, index %lld: %s\n", static_cast<unsigned long long>(s.epoch),
                 static_cast<long long>(s.index), s.error.c_str());
   }
   std::fflush(stdout);
-  if (dump && !dump->flush())
+  if (dump && !dump->flush()) {
     throw Error("--dump-indices " + options.dump_indices + ": write failed");
+  }
   if (json) {
-    std::ostringstream out;
-    out << "{\n  \"config\": " << json_string(options.config)
-        << ",\n  \"epochs\": " << options.epochs << ",\n  \"batches\": " << progress.batches
-        << ",\n  \"samples\": " << progress.samples << ",\n  \"bytes\": " << progress.bytes
-        << ",\n  \"seconds\": " << seconds << ",\n  \"samples_per_second\": " << rate
-        << ",\n  \"mb_per_second\": " << mbps << ",\n  \"skipped\": " << stats.skipped
-        << ",\n  \"skipped_samples\": [";
-    for (std::size_t i = 0; i < stats.skipped_samples.size(); ++i) {
-      const SkippedSample& s = stats.skipped_samples[i];
-      out << (i ? "," : "") << "\n    {\"epoch\": " << s.epoch << ", \"index\": " << s.index
-          << ", \"error\": " << json_string(s.error) << "}";
+    nlohmann::ordered_json out;
+    out["config"] = options.config;
+    out["epochs"] = epochs;
+    out["batches"] = progress.batches;
+    out["samples"] = progress.samples;
+    out["bytes"] = progress.bytes;
+    out["seconds"] = seconds;
+    out["samples_per_second"] = rate;
+    out["mb_per_second"] = mbps;
+    out["skipped"] = stats.skipped;
+    out["skipped_samples"] = nlohmann::ordered_json::array();
+    for (const SkippedSample& s : stats.skipped_samples) {
+      out["skipped_samples"].push_back(
+          {{"epoch", s.epoch}, {"index", s.index}, {"error", s.error}});
     }
-    out << (stats.skipped_samples.empty() ? "" : "\n  ")
-        << "],\n  \"seed\": " << *pipeline.options.seed << "\n}\n";
-    *json << out.str();
+    out["seed"] = *pipeline.options.seed;
+    *json << out.dump(2) << "\n";
     if (!json->flush()) throw Error("--json " + options.json + ": write failed");
   }
   return 0;

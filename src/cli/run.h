@@ -17,12 +17,20 @@ struct RunOptions {
   std::string json;                        // the summary as JSON, to this file
   std::string dump_indices;                // one JSON line per batch, to this file
   double log_every = 5.0;                  // seconds between lines when not on a terminal
+  std::string save_state;                  // the loader's checkpoint, written atomically
+  std::optional<std::size_t> save_every;   // ... every N batches (and at the end, and on SIGTERM)
+  std::string resume;                      // continue from this checkpoint
 };
+
+// Exit code when SIGTERM or SIGUSR1 (a scheduler's preemption notice) stopped the run after the
+// state of what was consumed was written: EX_TEMPFAIL, "try again".
+inline constexpr int kPreempted = 75;
 
 // Returns the process's exit code; throws ferry::Error for a failure.
 int run_pipeline(const RunOptions& options);
 
-// JSON string literal for `s` (a scalar's canonical text).
-std::string json_string(const std::string& s);
+// `path` with "{rank}" replaced by this process's rank from its launcher (0 without one), so
+// that every rank of a job started with one command line writes its own file.
+std::string for_this_rank(std::string path);
 
 }  // namespace ferry::cli

@@ -39,6 +39,11 @@ void register_core_types(Registry& r) {
                            .type = ValueType::kInt,
                            .default_value = 0,
                            .help = "content seed",
+                           .min = 0},
+                          {.name = "load_us",
+                           .type = ValueType::kInt,
+                           .default_value = 0,
+                           .help = "microseconds each sample sleeps, standing in for loading time",
                            .min = 0}},
                  .builtin = true},
                 [](const Args& a) {
@@ -47,7 +52,8 @@ void register_core_types(Registry& r) {
                       .shape = a.get<std::vector<std::int64_t>>("shape"),
                       .uint8 = a.get<std::string>("dtype") == "uint8",
                       .num_classes = a.get<std::int64_t>("num_classes"),
-                      .seed = static_cast<std::uint64_t>(a.get<std::int64_t>("seed"))});
+                      .seed = static_cast<std::uint64_t>(a.get<std::int64_t>("seed")),
+                      .load_us = static_cast<std::uint64_t>(a.get<std::int64_t>("load_us"))});
                 });
 
   r.add_sampler({.name = "sequential",

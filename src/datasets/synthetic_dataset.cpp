@@ -1,5 +1,8 @@
 #include "ferry/synthetic_dataset.h"
 
+#include <chrono>
+#include <thread>
+
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -19,6 +22,9 @@ SyntheticDataset::SyntheticDataset(Options options) : options_(std::move(options
 Example SyntheticDataset::get(std::size_t index, SampleContext& /*ctx*/) const {
   FERRY_CHECK(index < options_.size, "SyntheticDataset: index ", index, " out of range for size ",
               options_.size);
+  if (options_.load_us > 0) {
+    std::this_thread::sleep_for(std::chrono::microseconds(options_.load_us));
+  }
   // Seeded from (seed, index) only: the same sample every epoch, as a file on disk would be.
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(
       SampleContext::mix_seed(options_.seed, 0, static_cast<std::int64_t>(index)));

@@ -128,7 +128,7 @@ TEST_F(Cli, RunOnTheDemoSummarisesAndDumpsEverySampleOncePerEpoch) {
   // 24 samples, batch_size 16: batches of 16 and 8, each epoch a new permutation.
   std::ifstream in(dump);
   std::string line;
-  const std::regex pattern(R"(\{"epoch": (\d+), "batch": (\d+), "indices": \[([\d, ]*)\]\})");
+  const std::regex pattern(R"(\{"epoch":(\d+),"batch":(\d+),"indices":\[([\d,]*)\]\})");
   std::vector<std::vector<int>> seen(3, std::vector<int>(24, 0));
   std::vector<std::vector<std::int64_t>> orders(3);
   std::size_t lines = 0;
@@ -163,7 +163,42 @@ TEST_F(Cli, MaxBatchesAndSetsChangeTheRun) {
                              dump.string());
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("4 batches, 20 samples"));
-  EXPECT_THAT(slurp(dump), HasSubstr("{\"epoch\": 1, \"batch\": 1, \"indices\": [5, 6, 7, 8, 9]}"));
+  EXPECT_THAT(slurp(dump), HasSubstr("{\"epoch\":1,\"batch\":1,\"indices\":[5,6,7,8,9]}"));
+}
+
+// SIGTERM (a scheduler's preemption notice) mid-epoch: the run writes the state of what it
+// consumed and exits 75; resumed from it, the run continues with exactly the batches that the
+// uninterrupted run delivers after that point.
+TEST_F(Cli, SigtermSavesTheStateAndResumeContinuesExactly) {
+  std::ofstream(dir_ / "slow.yaml") << "dataset: {type: synthetic, size: 1003, shape: [2], "
+                                       "load_us: 3000}\n"
+                                       "loader: {batch_size: 4, num_workers: 2, shuffle: true, "
+                                       "seed: 3}\n";
+  const std::string config = (dir_ / "slow.yaml").string();
+  const fs::path full = dir_ / "full.jsonl";
+  const fs::path part = dir_ / "part.jsonl";
+  const fs::path rest = dir_ / "rest.jsonl";
+  const fs::path state = dir_ / "state.json";
+  Result r = run_ferry("run " + config + " --epochs 2 --dump-indices " + full.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = run_ferry("run " + config + " --epochs 2 --save-state " + state.string() +
+                    " --dump-indices " + part.string(),
+                "timeout --preserve-status -s TERM 1");
+  ASSERT_EQ(r.code, 75) << r.err;
+  EXPECT_THAT(r.err, AllOf(HasSubstr("stopped by SIGTERM"), HasSubstr(state.string())));
+  const std::string saved = slurp(state);
+  EXPECT_THAT(saved, HasSubstr("\"epoch\": 0")) << "stopped inside the first epoch";
+  r = run_ferry("run " + config + " --epochs 2 --resume " + state.string() + " --dump-indices " +
+                rest.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("resuming from"));
+  EXPECT_FALSE(slurp(part).empty());
+  EXPECT_EQ(slurp(part) + slurp(rest), slurp(full));
+  // A state that is not one: a clear error naming the file, exit 1.
+  std::ofstream(dir_ / "bad.json") << saved.substr(0, saved.size() / 2);
+  r = run_ferry("run " + config + " --resume " + (dir_ / "bad.json").string());
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, AllOf(HasSubstr("bad.json"), HasSubstr("not valid JSON")));
 }
 
 TEST_F(Cli, ValidateAcceptsEveryBundledConfig) {

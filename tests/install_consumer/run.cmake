@@ -52,6 +52,22 @@ step("run example_train_loop" "${build}/example_train_loop" --epochs 2 --samples
 if(NOT step_output MATCHES "epoch 1: loss [0-9.]+  accuracy")
   message(FATAL_ERROR "install_consumer: unexpected output of example_train_loop:\n${step_output}")
 endif()
+# Checkpoint and resume: a run stopped at step 12 (checkpoint at 10), then resumed with other
+# workers, ends with the model of an uninterrupted run, bitwise.
+string(REGEX MATCH "model fingerprint [0-9a-f]+" uninterrupted "${step_output}")
+file(REMOVE_RECURSE "${WORK_DIR}/checkpoint")
+step("run example_train_loop to step 12" "${build}/example_train_loop" --epochs 2 --samples 512
+     --checkpoint "${WORK_DIR}/checkpoint" --save-every 5 --max-steps 12)
+step("resume example_train_loop" "${build}/example_train_loop" --epochs 2 --samples 512
+     --checkpoint "${WORK_DIR}/checkpoint" --save-every 5 --workers 3)
+if(NOT step_output MATCHES "resumed from [^\n]* at step 10 \\(epoch 1\\)")
+  message(FATAL_ERROR "install_consumer: example_train_loop did not resume at step 10:\n${step_output}")
+endif()
+string(REGEX MATCH "model fingerprint [0-9a-f]+" resumed "${step_output}")
+if(NOT uninterrupted OR NOT resumed STREQUAL uninterrupted)
+  message(FATAL_ERROR "install_consumer: resumed run ended with '${resumed}', the uninterrupted "
+                      "one with '${uninterrupted}':\n${step_output}")
+endif()
 # The installed package's spawn and forkserver: workers are fresh copies of the example.
 foreach(method spawn forkserver)
   step("run example_train_loop under ${method}" "${build}/example_train_loop" --epochs 1

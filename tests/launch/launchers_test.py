@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""`ferry run` under real launchers on one machine (ctest label `launch`).
+
+1. torchrun (`python3 -m torch.distributed.run --no-python`) and Open MPI's `mpirun` start four
+   ranks of `ferry run` over a pipeline with `sampler: {type: distributed}`, which takes rank and
+   world size from the launcher. Every rank's indices must equal PyTorch's DistributedSampler for
+   that rank (Debian's python3-torch), the ranks must cover the dataset without overlap (but for
+   PyTorch's padding), and every rank must yield the same number of batches.
+2. The same job, saving its state every two batches, is killed with SIGKILL mid-epoch and resumed
+   at world size 2 from the checkpoint every rank had reached: across all ranks, the rest of the
+   epoch is delivered exactly once.
+
+Usage: launchers_test.py FERRY_BINARY
+"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+try:
+    import torch.distributed.run  # noqa: F401  (torchrun)
+    from torch.utils.data.distributed import DistributedSampler
+except ImportError as e:
+    print(f"skipped: {e} (Debian: python3-torch)")
+    sys.exit(77)
+
+N = 1003
+BATCH = 4
+SEED = 5
+
+
+def config(folder, load_us):
+    path = os.path.join(folder, f"pipeline-{load_us}.yaml")
+    with open(path, "w") as f:
+        f.write(
+            f"dataset: {{type: synthetic, size: {N}, shape: [2], load_us: {load_us}}}\n"
+            f"sampler: {{type: distributed, seed: {SEED}}}\n"
+            f"loader: {{batch_size: {BATCH}, num_workers: 1, seed: 0}}\n")
+    return path
+
+
+def torchrun(n):
+    # --redirects/--tee 1: Debian's torch 1.13 on Python 3.11 parses only single-bit values
+    # (IntFlag iterates no zero or multi-bit member), so its default of 0 fails every run.
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
+            "--redirects", "1", "--tee", "1", "--no_python"]
+
+
+def mpirun(n):
+    command = ["mpirun", "-np", str(n), "--oversubscribe"]
+    if os.geteuid() == 0:
+        command.append("--allow-run-as-root")
+    return command
+
+
+def read_dump(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def pytorch_indices(world, rank, epoch=0):
+    sampler = DistributedSampler(range(N), num_replicas=world, rank=rank, shuffle=True, seed=SEED)
+    sampler.set_epoch(epoch)
+    return list(sampler)
+
+
+def check_ranks(name, dumps, world):
+    counts = {len(d) for d in dumps}
+    assert len(counts) == 1, f"{name}: ranks yield different numbers of batches: {counts}"
+    everything = []
+    for rank, batches in enumerate(dumps):
+        got = [i for b in batches for i in b["indices"]]
+        want = pytorch_indices(world, rank)
+        assert got == want, f"{name}: rank {rank} differs from PyTorch's DistributedSampler"
+        everything += got
+    assert sorted(set(everything)) == list(range(N)), f"{name}: the ranks do not cover the dataset"
+    padding = -N % world
+    assert len(everything) == N + padding, f"{name}: {len(everything) - N} repeats, not {padding}"
+    print(f"{name}: {world} ranks, {counts.pop()} batches each, equal to PyTorch's, disjoint")
+
+
+def run(command, env=None, **kwargs):
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, **kwargs)
+    if result.returncode != 0:
+        raise SystemExit(f"{' '.join(command)} exited {result.returncode}:\n"
+                         f"{result.stdout}\n{result.stderr}")
+    return result
+
+
+def main():
+    ferry = os.path.abspath(sys.argv[1])
+    if shutil.which("mpirun") is None:
+        print("skipped: mpirun is not installed (Debian: openmpi-bin; ./setup.sh test installs it)")
+        sys.exit(77)
+    folder = tempfile.mkdtemp(prefix="ferry-launch-")
+    env = dict(os.environ)
+    for stale in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_PROCID",
+                  "SLURM_NTASKS", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"):
+        env.pop(stale, None)
+    env["OMP_NUM_THREADS"] = "1"
+    try:
+        fast = config(folder, 0)
+        for name, launcher in (("torchrun", torchrun(4)), ("mpirun", mpirun(4))):
+            dump = os.path.join(folder, name + "-{rank}.jsonl")
+            run(launcher + [ferry, "run", fast, "--dump-indices", dump], env)
+            check_ranks(name, [read_dump(dump.format(rank=r)) for r in range(4)], 4)
+
+        # Killed mid-epoch, then resumed at world size 2.
+        slow = config(folder, 2000)  # 2 ms a sample: an epoch takes about two seconds a rank
+        states = os.path.join(folder, "state-{rank}.json")
+        dumps = os.path.join(folder, "killed-{rank}.jsonl")
+        job = subprocess.Popen(
+            torchrun(4) + [ferry, "run", slow, "--save-state", states, "--save-every", "2",
+                           "--dump-indices", dumps],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        positions = {}
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            positions = {}
+            for r in range(4):
+                try:
+                    with open(states.format(rank=r)) as f:
+                        positions[r] = json.load(f)["position"]
+                except (OSError, ValueError, KeyError):
+                    pass
+            if len(positions) == 4 and min(positions.values()) >= 6:
+                break
+            time.sleep(0.05)
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+        assert len(positions) == 4 and min(positions.values()) >= 6, f"no checkpoint: {positions}"
+        # The checkpoint every rank reached: the slowest rank's (a training job saves one state
+        # at a step all ranks are in, as ranks in step are).
+        slowest = min(positions, key=positions.get)
+        with open(states.format(rank=slowest)) as f:
+            state = json.load(f)
+        step = state["position"]
+        assert state["epoch"] == 0 and step < (N + 3) // 4 // BATCH, state
+        consumed = []
+        for r in range(4):
+            batches = read_dump(dumps.format(rank=r))
+            assert len(batches) >= step, f"rank {r} dumped {len(batches)} batches, state says {step}"
+            consumed += [i for b in batches[:step] for i in b["indices"]]
+        resumed = os.path.join(folder, "resumed-{rank}.jsonl")
+        run(torchrun(2) + [ferry, "run", slow, "--resume", states.format(rank=slowest),
+                           "--dump-indices", resumed], env)
+        rest = [read_dump(resumed.format(rank=r)) for r in range(2)]
+        assert len(rest[0]) == len(rest[1]), "the two ranks yield different numbers of batches"
+        assert all(b["epoch"] == 0 for d in rest for b in d), "the resumed run left epoch 0"
+        delivered = consumed + [i for d in rest for b in d for i in b["indices"]]
+        assert sorted(set(delivered)) == list(range(N)), "a sample was lost"
+        remaining = N - len(consumed)
+        assert len(delivered) == N + remaining % 2, (
+            f"{len(delivered) - N} samples delivered twice; padding allows {remaining % 2}")
+        print(f"killed at batch {step} of every rank (positions {positions}), resumed on 2 ranks: "
+              f"{remaining} samples left, delivered once each ({remaining % 2} padding)")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
