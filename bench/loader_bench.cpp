@@ -889,7 +889,8 @@ struct Args {
   std::optional<torch::Device> device{};  // device mode
   double gpu_step_ms = 4;                 // device mode's GPU step; 0: none
   bool gpu_step_given = false;
-  bool huge = false;  // --huge: time to first batch and peak memory of huge epochs
+  bool huge = false;    // --huge: time to first batch and peak memory of huge epochs
+  bool resume = false;  // --resume: time from load_state() to the first batch
   bool workers_given = false;
 };
 
@@ -908,7 +909,8 @@ std::string default_peer() {
 constexpr const char* kUsage =
     "usage: ferry_loader_bench [--workloads tiny,tensor,tensor-view,jpeg] [--workers 1,2]\n"
     "                          [--seconds S | --batches N] [--repeat R] [--markdown]\n"
-    "                          [--no-peers] [--peer PATH] [--python PATH] [--startup | --huge]\n"
+    "                          [--no-peers] [--peer PATH] [--python PATH]\n"
+    "                          [--startup | --huge | --resume]\n"
     "                          [--device cuda[:N] [--gpu-step-ms X]]\n"
     "Loader throughput of ferry, PyTorch (pytorch_peer.py) and LibTorch's torch::data loader.\n"
     "  --workloads   comma list (default: all; jpeg needs a build with OpenCV)\n"
@@ -921,6 +923,10 @@ constexpr const char* kUsage =
     "  --huge        only time to first batch and peak memory of one epoch of 10^6 to 10^9\n"
     "                samples (sequential; 10^8 shuffled, beside a bare randperm), each run in\n"
     "                a fresh process, against PyTorch's DataLoader (default workers: 2)\n"
+    "  --resume      only the cost of resuming mid-epoch: time from load_state() to the\n"
+    "                first batch at 10%, 50% and 90% of an epoch of 10^6 and 10^8 samples,\n"
+    "                against the same loader starting the epoch, and the state's size; each\n"
+    "                run in a fresh process (default workers: 2)\n"
     "  --startup     only time to first batch, for each start method (fork, forkserver,\n"
     "                spawn) against PyTorch's fork and spawn (default workers: 2)\n"
     "  --peer PATH   pytorch_peer.py (default: next to this benchmark's source)\n"
@@ -1014,6 +1020,8 @@ Args parse_args(int argc, char** argv) {
       args.markdown = true;
     } else if (option == "--huge") {
       args.huge = true;
+    } else if (option == "--resume") {
+      args.resume = true;
     } else if (option == "--startup") {
       args.startup = true;
     } else if (option == "--no-peers") {
@@ -1310,6 +1318,75 @@ int run_huge(const Args& args) {
   return 0;
 }
 
+// Resuming (--resume): time from load_state() to the first batch, at a position in the epoch
+// (percent; -1: no state, the epoch from its start), against the same loader starting the epoch.
+int run_resume_case(const std::string& order, std::size_t n, int percent, std::size_t workers) {
+  const ferry::DataLoaderOptions options{
+      .batch_size = 256, .shuffle = order == "shuffled", .num_workers = workers, .seed = 0};
+  auto data = std::make_shared<IndexDataset>(n);
+  std::string state;
+  if (percent >= 0) {
+    // What a loader writes after consuming that share of epoch 0 (its fields, at that position).
+    ferry::DataLoader probe(data, options);
+    state = probe.state();
+    const std::size_t position = probe.size() * static_cast<std::size_t>(percent) / 100;
+    const std::string from = "\"position\": 0";
+    state.replace(state.find(from), from.size(), "\"position\": " + std::to_string(position));
+  }
+  ferry::DataLoader loader(data, options);
+  const auto start = Clock::now();
+  if (!state.empty()) loader.load_state(state);
+  auto it = loader.begin();
+  (void)it->size();
+  std::printf("{\"seconds\": %.6f, \"state_bytes\": %zu}\n", seconds_since(start), state.size());
+  return 0;
+}
+
+int run_resume(const Args& args) {
+  const std::size_t workers = args.workers_given ? args.workers.front() : 2;
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+  auto med = [](std::vector<double> v) { return v.empty() ? NAN : median(std::move(v)); };
+  std::printf(
+      "%sTime from load_state() to the first batch, resuming epoch 0 at a share of its batches, "
+      "against the same loader starting it (N int64 scalars, batch_size 256, %zu workers, each "
+      "run in a fresh process); ferry %s, LibTorch %d.%d.%d; median of %d\n\n",
+      args.markdown ? "" : "# ", workers, FERRY_VERSION, TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR,
+      TORCH_VERSION_PATCH, args.repeat);
+  std::printf("| order | N | from the start s | at 10%% s | at 50%% s | at 90%% s | "
+              "worst / start | state bytes |\n");
+  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  for (const std::string order : {"sequential", "shuffled"}) {
+    for (const std::size_t n : {std::size_t{1'000'000}, std::size_t{100'000'000}}) {
+      std::map<int, std::vector<double>> seconds;
+      double bytes = 0;
+      for (int r = 0; r < args.repeat; ++r) {
+        for (const int percent : {-1, 10, 50, 90}) {  // interleaved: drift hits all alike
+          const std::string command = shell_quote(self) + " --resume-case " + order + " " +
+                                      std::to_string(n) + " " + std::to_string(percent) + " " +
+                                      std::to_string(workers);
+          std::fprintf(stderr, "running: %s\n", command.c_str());
+          FILE* pipe = ::popen(command.c_str(), "r");
+          if (pipe == nullptr) continue;
+          char* line = nullptr;
+          std::size_t capacity = 0;
+          while (::getline(&line, &capacity, pipe) > 0) {
+            if (const auto v = json_number(line, "seconds")) seconds[percent].push_back(*v);
+            if (const auto v = json_number(line, "state_bytes"); v && *v > 0) bytes = *v;
+          }
+          std::free(line);
+          ::pclose(pipe);
+        }
+      }
+      const double start = med(seconds[-1]);
+      const double worst = std::max({med(seconds[10]), med(seconds[50]), med(seconds[90])});
+      std::printf("| %s | %.0e | %.3f | %.3f | %.3f | %.3f | %.2fx | %.0f |\n", order.c_str(),
+                  static_cast<double>(n), start, med(seconds[10]), med(seconds[50]),
+                  med(seconds[90]), worst / start, bytes);
+    }
+  }
+  return 0;
+}
+
 int run_device(const Args& args) {
   const torch::Device device = *args.device;
   std::vector<Workload> workloads;
@@ -1553,8 +1630,13 @@ int main(int argc, char** argv) {
   if (argc == 5 && std::string_view(argv[1]) == "--huge-case") {  // a child of --huge
     return run_huge_case(argv[2], std::stoull(argv[3]), std::stoull(argv[4]));
   }
+  if (argc == 6 && std::string_view(argv[1]) == "--resume-case") {  // a child of --resume
+    return run_resume_case(argv[2], std::stoull(argv[3]), std::stoi(argv[4]),
+                           std::stoull(argv[5]));
+  }
   const Args args = parse_args(argc, argv);
   if (args.huge) return run_huge(args);
+  if (args.resume) return run_resume(args);
   if (args.device) {
     check_device(*args.device);
     return run_device(args);
