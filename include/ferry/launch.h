@@ -20,11 +20,11 @@ struct LaunchInfo {
 
 /// The rank and world size from the environment of torchrun, Open MPI (mpirun) or Slurm (srun),
 /// or nullopt when none of them launched this process. When several are present, the innermost
-/// launcher wins (torchrun under srun, mpirun inside an sbatch allocation): torchrun, then Open
-/// MPI, then Slurm. Throws `ConfigError` naming both sources when they contradict each other
-/// (the inner one describes a smaller world, or the same world with another rank: a stale
-/// `RANK` exported in a shell, say), and for a value that is not a non-negative integer, a rank
-/// outside its world, or a launcher's rank without its world size.
+/// launcher wins (torchrun under srun, mpirun or torchrun inside an sbatch script): torchrun,
+/// then Open MPI, then Slurm. Throws `ConfigError` naming both sources when a bare `RANK` and
+/// `WORLD_SIZE` (without torchrun's `LOCAL_RANK`: a stale export in a shell, say) contradict
+/// another launcher, and for a value that is not a non-negative integer, a rank outside its
+/// world, or a launcher's rank without its world size.
 std::optional<LaunchInfo> launch_info();
 
 }  // namespace ferry

@@ -150,10 +150,10 @@ int run_pipeline(const RunOptions& options) {
   if (!options.resume.empty()) {
     const std::string path = for_this_rank(options.resume);
     loader.load_state_file(path);
-    const nlohmann::json state = nlohmann::json::parse(ipc::read_file(path, "--resume"));
-    if (state["epoch"].get<std::uint64_t>() == loader.epoch()) {
-      resumed_in_epoch = state["position"].get<std::size_t>() + state["received_beyond"].size();
-    }
+    // Where the loader now stands (a DistributedSampler at another world size splits the rest
+    // of the epoch anew and starts it at 0).
+    const nlohmann::json state = nlohmann::json::parse(loader.state());
+    resumed_in_epoch = state["position"].get<std::size_t>() + state["received_beyond"].size();
     std::fprintf(stderr, "ferry run: resuming from %s at epoch %llu, batch %zu\n", path.c_str(),
                  static_cast<unsigned long long>(loader.epoch()), resumed_in_epoch);
   }
@@ -187,8 +187,8 @@ int run_pipeline(const RunOptions& options) {
       throw Error("--dump-indices " + options.dump_indices + ": write failed");
     loader.save_state(save_path);
   };
-  const StopSignals signals;
   g_stop_signal = 0;
+  const StopSignals signals;
   auto preempted = [&] {
     const int signal = g_stop_signal;
     save();
@@ -206,31 +206,43 @@ int run_pipeline(const RunOptions& options) {
       loader.set_epoch(loader.epoch() + 1);
       continue;
     }
-    try {
-      for (auto it = loader.begin(); it != loader.end(); ++it) {
-        const Batch& batch = *it;
-        ++progress.batches;
-        progress.samples += batch.size();
-        for (const std::string& name : batch) {
-          if (batch.is_tensor(name)) progress.bytes += batch[name].nbytes();
-        }
-        if (dump) {
-          *dump << nlohmann::ordered_json{{"epoch", batch.epoch()},
-                                          {"batch", batch.sequence()},
-                                          {"indices", batch.indices()}}
-                       .dump()
-                << "\n";
-        }
-        progress.show(first_epoch + e, options.epochs, false);
-        if (options.save_every && progress.batches % *options.save_every == 0) save();
-        if (g_stop_signal != 0) return preempted();
-        if (options.max_batches && ++in_epoch >= *options.max_batches) break;
-      }
-    } catch (const Error&) {
-      // The scheduler signals every process of the job, workers too: a worker that died of it
-      // is the preemption, not a failure. What was consumed is still exact.
+    // The scheduler signals every process of the job, workers too: a worker that died of it is
+    // the preemption, not a failure. The state is taken while the epoch's iterator still
+    // stands, so what was consumed of this epoch is exact.
+    auto stopped_or_rethrow = [&]() -> int {
       if (g_stop_signal != 0) return preempted();
       throw;
+    };
+    std::optional<DataLoader::Iterator> it;
+    try {
+      it = loader.begin();
+    } catch (const Error&) {
+      return stopped_or_rethrow();
+    }
+    for (; *it != loader.end(); ++*it) {
+      const Batch* current = nullptr;
+      try {
+        current = &**it;
+      } catch (const Error&) {
+        return stopped_or_rethrow();
+      }
+      const Batch& batch = *current;
+      ++progress.batches;
+      progress.samples += batch.size();
+      for (const std::string& name : batch) {
+        if (batch.is_tensor(name)) progress.bytes += batch[name].nbytes();
+      }
+      if (dump) {
+        *dump << nlohmann::ordered_json{{"epoch", batch.epoch()},
+                                        {"batch", batch.sequence()},
+                                        {"indices", batch.indices()}}
+                     .dump()
+              << "\n";
+      }
+      progress.show(first_epoch + e, options.epochs, false);
+      if (options.save_every && progress.batches % *options.save_every == 0) save();
+      if (g_stop_signal != 0) return preempted();
+      if (options.max_batches && ++in_epoch >= *options.max_batches) break;
     }
   }
   save();

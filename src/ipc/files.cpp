@@ -3,7 +3,9 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -29,8 +31,10 @@ namespace {
 void write_file_atomically(const std::filesystem::path& path,
                            std::string_view text,
                            std::string_view what) {
+  // Unique per process and call, so two threads saving the same file never share one.
+  static std::atomic<std::uint64_t> calls{0};
   std::filesystem::path temporary = path;
-  temporary += detail::str(".tmp.", ::getpid());
+  temporary += detail::str(".tmp.", ::getpid(), ".", calls.fetch_add(1));
   UniqueFd fd(::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (!fd) fail(what, temporary, "creating", errno);
   auto give_up = [&](const char* step) {

@@ -73,10 +73,13 @@ std::optional<LaunchInfo> launch_info() {
       chosen_source = &s;
       continue;
     }
-    // An outer launcher: its world must hold the inner one's (torchrun started with k
-    // processes by each of n srun tasks has a world of k*n); otherwise one of them is stale.
-    const bool same_world = info.world_size == chosen->world_size;
-    if (chosen->world_size < info.world_size || (same_world && info.rank != chosen->rank)) {
+    // An outer launcher: the innermost one describes this process (torchrun under srun, mpirun
+    // or torchrun inside an sbatch script, where Slurm's variables are the batch step's). But a
+    // bare RANK and WORLD_SIZE without torchrun's LOCAL_RANK is what a shell export left behind:
+    // under a real launcher that disagrees, it is an error rather than a silent wrong rank.
+    const bool bare =
+        chosen_source == &kSources[0] && std::getenv(kSources[0].local_rank) == nullptr;
+    if (bare && (info.world_size != chosen->world_size || info.rank != chosen->rank)) {
       throw ConfigError(detail::str(
           "the launchers disagree on this process's rank: ", describe(*chosen_source, *chosen),
           " but ", describe(s, info),

@@ -301,6 +301,7 @@ std::size_t BatchSampler::load_state(std::string_view state,
   const std::size_t indices = consumed * batch_size_;
   const std::size_t now = sampler_->load_state(state, epoch, indices);
   if (now == indices) return consumed;
+  // (Thrown after the sampler changed: DataLoader::load_state restores it.)
   FERRY_CHECK(now % batch_size_ == 0, "BatchSampler: the sampler resumed epoch ", epoch, " with ",
               now, " indices consumed, which is not a whole number of batches of ", batch_size_);
   return now / batch_size_;

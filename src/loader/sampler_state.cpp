@@ -167,15 +167,20 @@ std::size_t DistributedSampler::load_state(std::string_view state,
                                     ") do not fit a dataset of ", data_size_,
                                     "; the state is corrupt"));
     }
-    if (in.epoch == epoch) {
-      begin = in.begin;
-      end = in.end;
-      split = in;
-    }
+    split = in;
   }
   if (world == num_replicas_) {
     split_ = split;  // the same world: the same order, the same position
     return consumed;
+  }
+  const bool resplit = split && split->epoch == epoch;
+  if (consumed == 0 && !resplit) {
+    split_.reset();  // nothing of the epoch consumed: PyTorch's split for this world
+    return 0;
+  }
+  if (resplit) {
+    begin = split->begin;
+    end = split->end;
   }
   // Ranks in step: each consumed `consumed` of its share, so all of them together consumed the
   // first consumed * world positions of [begin, end) (the padding past its end included).

@@ -257,6 +257,37 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes,
                          ::testing::Combine(::testing::Values<std::size_t>(2, 4, 6),
                                             ::testing::Bool()));
 
+// A state saved out of order past a gap names positions of its own world's split: refused at
+// another world size, with the loader unchanged. At position 0 another world size starts the
+// epoch with PyTorch's split for it (drop_last cut for the new world, not the old one).
+TEST(ElasticRanks, OutOfOrderGapsNeedTheSameWorldAndPositionZeroIsAFreshSplit) {
+  constexpr std::size_t n = 10;
+  auto data = std::make_shared<RangeDataset>(n);
+  auto loader_for = [&](std::size_t world) {
+    return DataLoader(data, {.batch_size = 1, .seed = 1},
+                      std::make_shared<DistributedSampler>(
+                          n, DistributedSampler::Options{
+                                 .num_replicas = world, .rank = 0, .seed = 9, .drop_last = true}));
+  };
+  DataLoader four = loader_for(4);
+  std::string state = four.state();
+  const auto at = state.find("\"received_beyond\": []");
+  ASSERT_NE(at, std::string::npos);
+  std::string gap = state;
+  gap.replace(at, 21, "\"received_beyond\": [1]");
+  DataLoader three = loader_for(3);
+  const std::string before = three.state();
+  EXPECT_THAT([&] { three.load_state(gap); },
+              ::testing::ThrowsMessage<ConfigError>(HasSubstr("at world size 4")));
+  EXPECT_EQ(three.state(), before);
+  three.load_state(state);
+  std::vector<std::int64_t> got;
+  for (auto& batch : three) got.insert(got.end(), batch.indices().begin(), batch.indices().end());
+  DistributedSampler plain(n, {.num_replicas = 3, .rank = 0, .seed = 9, .drop_last = true});
+  EXPECT_EQ(got, plain.indices(0));
+  EXPECT_EQ(got.size(), 3u);
+}
+
 // Resumed at world size 2, interrupted again inside the re-split epoch: the same world continues
 // bitwise; another (3) splits what is left once more, still exactly once.
 TEST(ElasticRanks, ResumesTwice) {
@@ -476,10 +507,26 @@ TEST_F(Launchers, InnermostWinsWhenNested) {
   set("SLURM_NTASKS", "2");
   set("RANK", "6");
   set("WORLD_SIZE", "8");
-  const auto info = launch_info();
+  set("LOCAL_RANK", "2");
+  auto info = launch_info();
   ASSERT_TRUE(info);
   EXPECT_EQ(info->source, "torchrun");
   EXPECT_EQ(info->rank, 6u);
+  // torchrun straight inside an sbatch script: Slurm's variables are the batch step's.
+  set("SLURM_PROCID", "0");
+  set("SLURM_NTASKS", "8");
+  info = launch_info();
+  ASSERT_TRUE(info);
+  EXPECT_EQ(info->rank, 6u);
+  clear();
+  set("SLURM_PROCID", "0");  // mpirun inside an sbatch script
+  set("SLURM_NTASKS", "4");
+  set("OMPI_COMM_WORLD_RANK", "3");
+  set("OMPI_COMM_WORLD_SIZE", "4");
+  info = launch_info();
+  ASSERT_TRUE(info);
+  EXPECT_EQ(info->source, "Open MPI");
+  EXPECT_EQ(info->rank, 3u);
 }
 
 TEST_F(Launchers, ContradictionsNameBoth) {
