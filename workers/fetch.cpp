@@ -177,6 +177,25 @@ StreamReader::StreamReader(const IterableDataset& dataset,
               "(one that ends at once for a worker with nothing to read)");
 }
 
+void StreamReader::resume(std::size_t position, const std::optional<std::string>& cursor) {
+  FERRY_ASSERT(position_ == 0, "StreamReader::resume on a stream already read");
+  if (cursor) {
+    stream_->seek(*cursor);
+    position_ = position;
+    return;
+  }
+  while (position_ < position) {
+    SampleContext ctx =
+        SampleContext::for_stream(who_.base_seed, epoch_, static_cast<std::int64_t>(position_),
+                                  who_.worker_id, who_.num_workers);
+    if (!stream_->next(ctx)) {
+      ended_ = true;
+      return;
+    }
+    ++position_;
+  }
+}
+
 std::vector<Example> StreamReader::next_batch(std::size_t batch_size, bool drop_last) {
   std::vector<Example> samples;
   samples.reserve(batch_size);

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -72,6 +73,12 @@ class StreamReader {
   // has ended (or, with drop_last, when only a short batch was left).
   std::vector<Example> next_batch(std::size_t batch_size, bool drop_last);
   std::uint64_t epoch() const noexcept { return epoch_; }
+  // Checkpoints: the stream's cursor after the samples read so far, if it gives one.
+  std::optional<std::string> cursor() const { return stream_->cursor(); }
+  // Resumes a stream just opened after its first `position` samples: at `cursor` when there is
+  // one (ExampleStream::seek), else by reading and dropping them (their SampleContexts as
+  // before, so what follows is the same). Samples keep their positions either way.
+  void resume(std::size_t position, const std::optional<std::string>& cursor);
 
  private:
   std::uint64_t epoch_;

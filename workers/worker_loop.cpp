@@ -17,6 +17,8 @@
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
 
+#include "ferry/error.h"
+
 #include "collate/batch_layout.h"
 #include "ipc/child_process.h"
 #include "ipc/protocol.h"
@@ -272,8 +274,19 @@ class Worker {
       } catch (...) {
         fatal(task.epoch, "IterableDataset::stream() failed: ");
       }
+      if (task.stream_position > 0 || task.has_stream_cursor) {  // resuming a checkpoint
+        try {
+          stream_->resume(task.stream_position, task.has_stream_cursor
+                                                    ? std::optional<std::string>(task.stream_cursor)
+                                                    : std::nullopt);
+        } catch (...) {
+          fatal(task.epoch, ferry::detail::str("resuming the stream after ", task.stream_position,
+                                               " samples failed: "));
+        }
+      }
     }
     samples = stream_->next_batch(spec_.batch_size, spec_.drop_last);
+    stream_cursor_ = stream_->cursor();
     if (samples.empty()) {
       send(ipc::DataMessage(ipc::StreamEndMessage{task.epoch, task.sequence}));
       return false;
@@ -289,6 +302,11 @@ class Worker {
     ready.epoch = task.epoch;
     ready.sequence = task.sequence;
     ready.skipped = std::move(skipped);
+    if (spec_.iterable && stream_cursor_) {
+      ready.has_stream_cursor = true;
+      ready.stream_cursor = std::move(*stream_cursor_);
+      stream_cursor_.reset();
+    }
     ready.indices.reserve(samples.size());
     for (const Example& s : samples) ready.indices.push_back(s.index());
 
@@ -390,6 +408,7 @@ class Worker {
   SegmentPool pool_;
   WorkerIdentity who_;
   std::optional<StreamReader> stream_;
+  std::optional<std::string> stream_cursor_;  // after the batch being sent (checkpoints)
   FetchOptions fetch_options_;
   std::optional<collate::BatchLayout> last_layout_;  // the last default-collated batch's
   std::optional<SampleWatchdog> watchdog_;           // armed around each sample (sample_timeout)

@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "ferry/config.h"
@@ -57,6 +58,15 @@ class ExampleStream {
   /// The next sample, or nullopt when this worker's stream has ended. `ctx.index()` is the
   /// position in this stream.
   virtual std::optional<Example> next(SampleContext& ctx) = 0;
+
+  /// Checkpoints (`DataLoader::state()`): where the stream stands after the last sample `next()`
+  /// returned, as a short text (a shard and a record number, a file offset), or nullopt when it
+  /// cannot say (the default). A loader resuming a stream with a cursor calls `seek`; without
+  /// one it reads and drops the samples up to the saved position, and warns that it does.
+  virtual std::optional<std::string> cursor() const { return std::nullopt; }
+  /// Continues after `cursor`, which `cursor()` returned for the same worker and epoch, in a
+  /// stream just made by `IterableDataset::stream()`. Throw to refuse it (ferry::Error).
+  virtual void seek(const std::string& cursor);
 };
 
 /// An iterable dataset: each worker runs its own stream and the epoch ends when every stream

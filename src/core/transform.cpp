@@ -63,11 +63,20 @@ std::unique_ptr<ExampleStream> TransformedIterableDataset::stream(SampleContext&
       for (const auto& t : *transforms) example = (*t)(std::move(*example), ctx);
       return example;
     }
+    // Transforms draw from the sample's own context: the position is the inner stream's.
+    std::optional<std::string> cursor() const override { return inner->cursor(); }
+    void seek(const std::string& cursor) override { inner->seek(cursor); }
   };
   auto s = std::make_unique<Stream>();
   s->inner = dataset_->stream(ctx);
   s->transforms = &transforms_;
   return s;
+}
+
+void ExampleStream::seek(const std::string& cursor) {
+  throw Error(detail::str("ExampleStream::seek('", cursor.substr(0, 60),
+                          "'): this stream gives cursors but does not override seek(); override "
+                          "both, or neither (the loader then replays the stream)"));
 }
 
 }  // namespace ferry

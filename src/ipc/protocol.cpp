@@ -154,6 +154,9 @@ std::vector<std::byte> encode(const IndexMessage& message) {
     w.put(m->sequence);
     w.put(m->indices);
     w.put(m->recycled);
+    w.put(m->stream_position);
+    w.put(static_cast<std::uint8_t>(m->has_stream_cursor));
+    w.put(m->stream_cursor);
   } else if (const auto* m = std::get_if<RecycleMessage>(&message)) {
     w.header(kRecycle);
     w.put(m->segment_ids);
@@ -200,6 +203,8 @@ std::vector<std::byte> encode(const DataMessage& message) {
       w.put(s.type_name);
       w.put(s.message);
     }
+    w.put(static_cast<std::uint8_t>(m->has_stream_cursor));
+    w.put(m->stream_cursor);
   } else if (const auto* m = std::get_if<SampleErrorMessage>(&message)) {
     w.header(kSampleError);
     w.put(m->epoch);
@@ -236,6 +241,9 @@ IndexMessage decode_index(std::span<const std::byte> bytes) {
       m.sequence = r.get<std::uint64_t>("task sequence");
       m.indices = r.get_vector<std::int64_t>("task indices");
       m.recycled = r.get_vector<std::uint64_t>("recycled segments");
+      m.stream_position = r.get<std::uint64_t>("stream position");
+      m.has_stream_cursor = r.get<std::uint8_t>("stream cursor flag") != 0;
+      m.stream_cursor = r.get_string("stream cursor");
       out = std::move(m);
       break;
     }
@@ -299,6 +307,8 @@ DataMessage decode_data(std::span<const std::byte> bytes) {
         s.message = r.get_string("skipped message");
         m.skipped.push_back(std::move(s));
       }
+      m.has_stream_cursor = r.get<std::uint8_t>("stream cursor flag") != 0;
+      m.stream_cursor = r.get_string("stream cursor");
       out = std::move(m);
       break;
     }

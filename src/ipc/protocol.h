@@ -14,7 +14,7 @@
 
 namespace ferry::ipc {
 
-inline constexpr std::uint16_t kProtocolVersion = 4;
+inline constexpr std::uint16_t kProtocolVersion = 5;
 
 // ---- index channel: main to worker ----
 struct TaskMessage {  // load batch `sequence` of `epoch` (map-style: these indices)
@@ -22,6 +22,13 @@ struct TaskMessage {  // load batch `sequence` of `epoch` (map-style: these indi
   std::uint64_t sequence = 0;
   std::vector<std::int64_t> indices;    // empty for an iterable dataset: "your next batch"
   std::vector<std::uint64_t> recycled;  // segments to reuse, riding along (saves a message)
+  // Iterable datasets, resuming from a checkpoint: where this worker's stream of this epoch
+  // continues, read when the stream is made (its first task of the epoch): after
+  // `stream_position` samples, at `stream_cursor` when the stream gave one (else by reading and
+  // dropping that many).
+  std::uint64_t stream_position = 0;
+  bool has_stream_cursor = false;
+  std::string stream_cursor;
 };
 struct RecycleMessage {  // the training loop let go of these segments: reuse them
   std::vector<std::uint64_t> segment_ids;
@@ -79,6 +86,9 @@ struct BatchReadyMessage {  // batch `sequence` is in segment `segment_id` (its 
   std::vector<std::int64_t> indices;
   std::vector<std::uint64_t> retired_segments;  // segments the worker has freed for good
   std::vector<SkippedSampleRecord> skipped;
+  // Iterable datasets: the stream's cursor after this batch, when it gives one (checkpoints).
+  bool has_stream_cursor = false;
+  std::string stream_cursor;
 };
 struct SampleErrorMessage {  // batch `sequence` failed; the worker goes on
   std::uint64_t epoch = 0;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <typeinfo>
 
+#include <c10/util/Exception.h>
 #include <c10/util/Type.h>
 
 #include "ferry/data_loader.h"
@@ -60,14 +61,131 @@ std::string sampler_text(const Json& saved) {
   return saved.dump();
 }
 
+OrderedJson totals_of(const LoaderState& s) {
+  const std::lock_guard<std::mutex> lock(s.stats_mutex);
+  return {{"batches", s.delivered_batches.load(std::memory_order_relaxed)},
+          {"samples", s.delivered_samples.load(std::memory_order_relaxed)},
+          {"skipped", s.skipped}};
+}
+
+// An iterable dataset's state: where each worker's stream stands in what the loop consumed
+// (samples read, the stream's cursor after them, whether it ended), and, in order, whose
+// result comes next. Empty streams: at the start of an epoch.
+std::string stream_state(const LoaderState& s) {
+  std::uint64_t epoch = s.next_epoch;
+  std::size_t results = 0;
+  std::size_t next_worker = 0;
+  std::vector<LoaderState::StreamProgress> streams;
+  {
+    const std::lock_guard<std::mutex> lock(s.progress_mutex);
+    const LoaderState::Progress& p = s.progress;
+    if (p.owner != 0 && !p.finished) {
+      epoch = p.epoch;
+      results = p.prefix;
+      next_worker = p.next_worker;
+      streams = p.streams;
+    } else if (s.resume && s.resume->epoch == s.next_epoch) {
+      results = s.resume->prefix;
+      next_worker = s.resume->next_worker;
+      streams = s.resume->streams;
+    }
+  }
+  OrderedJson out;
+  out["format"] = kFormat;
+  out["version"] = kVersion;
+  out["written_by"] = "ferry " FERRY_VERSION;
+  out["dataset"] = {{"kind", "iterable"}};
+  out["seed"] = *s.options.seed;
+  out["batch_size"] = s.options.batch_size;
+  out["drop_last"] = s.options.drop_last;
+  out["epoch"] = epoch;
+  out["results"] = results;
+  out["next_worker"] = next_worker;
+  out["streams"] = OrderedJson::array();
+  for (const auto& stream : streams) {
+    out["streams"].push_back({{"position", stream.position},
+                              {"cursor", stream.cursor ? OrderedJson(*stream.cursor) : nullptr},
+                              {"ended", stream.ended}});
+  }
+  out["totals"] = totals_of(s);
+  return out.dump(2) + "\n";
+}
+
+// Restores an iterable dataset's state (see stream_state); everything is checked first.
+void load_stream_state(LoaderState& s, const Json& saved) {
+  sj::expect(saved, "", "seed", *s.options.seed);
+  sj::expect(saved, "", "batch_size", s.options.batch_size);
+  sj::expect(saved, "", "drop_last", s.options.drop_last);
+  const std::uint64_t epoch = sj::get<std::uint64_t>(saved, "", "epoch");
+  const std::size_t results = sj::get<std::uint64_t>(saved, "", "results");
+  const std::size_t next_worker = sj::get<std::uint64_t>(saved, "", "next_worker");
+  const Json list = sj::get<Json>(saved, "", "streams");
+  if (!list.is_array()) throw ConfigError("'streams' is not a list");
+  const std::size_t workers = std::max<std::size_t>(1, s.options.num_workers);
+  std::vector<LoaderState::StreamProgress> streams;
+  std::size_t replayed = 0;
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    const Json& item = list[i];
+    const std::string path = detail::str("streams[", i, "]");
+    if (!item.is_object()) throw ConfigError(detail::str("'", path, "' is not an object"));
+    LoaderState::StreamProgress stream;
+    stream.position = sj::get<std::uint64_t>(item, path, "position");
+    stream.ended = sj::get<bool>(item, path, "ended");
+    const Json cursor = sj::get<Json>(item, path, "cursor");
+    if (cursor.is_string()) {
+      stream.cursor = cursor.get<std::string>();
+    } else if (!cursor.is_null()) {
+      throw ConfigError(detail::str("'", path, ".cursor' is ", cursor.dump().substr(0, 60),
+                                    ", not a string or null"));
+    }
+    if (!stream.cursor && !stream.ended) replayed += stream.position;
+    streams.push_back(std::move(stream));
+  }
+  if (!streams.empty() && streams.size() != workers) {
+    throw ConfigError(
+        detail::str("'streams': the state holds ", streams.size(), " worker stream",
+                    streams.size() == 1 ? "" : "s", " and this loader has ", workers,
+                    " (num_workers = ", s.options.num_workers,
+                    "); an iterable dataset is split by worker, so resume it with num_workers = ",
+                    streams.size() == 1 ? std::string("0 or 1") : std::to_string(streams.size()),
+                    ", or at the start of an epoch"));
+  }
+  if (next_worker >= workers) {
+    throw ConfigError(
+        detail::str("'next_worker' is ", next_worker, ", but there are ", workers, " workers"));
+  }
+  const Json totals = sj::get<Json>(saved, "", "totals");
+  if (!totals.is_object()) throw ConfigError("'totals' is not an object");
+  const std::size_t total_batches = sj::get<std::uint64_t>(totals, "totals", "batches");
+  const std::size_t total_samples = sj::get<std::uint64_t>(totals, "totals", "samples");
+  const std::size_t total_skipped = sj::get<std::uint64_t>(totals, "totals", "skipped");
+  if (replayed > 0) {
+    TORCH_WARN(
+        "ferry: resuming an IterableDataset whose stream gives no cursor "
+        "(ExampleStream::cursor()): its workers read and drop the ",
+        replayed,
+        " samples they had delivered to get back to where the loop stood; give the "
+        "stream a cursor and seek() to resume without reading them");
+  }
+  s.next_epoch = epoch;
+  s.resume = LoaderState::Resume{epoch, results, {}, std::move(streams), next_worker};
+  {
+    const std::lock_guard<std::mutex> lock(s.progress_mutex);
+    s.progress.owner = 0;
+  }
+  const std::lock_guard<std::mutex> lock(s.stats_mutex);
+  s.delivered_batches.store(total_batches, std::memory_order_relaxed);
+  s.delivered_samples.store(total_samples, std::memory_order_relaxed);
+  s.skipped = total_skipped;
+  s.recent_skipped.clear();
+}
+
 }  // namespace
 
 std::string DataLoader::state() const {
   FERRY_CHECK(state_ != nullptr, "DataLoader: use of a moved-from loader");
   const LoaderState& s = *state_;
-  FERRY_CHECK(s.dataset != nullptr,
-              "DataLoader::state(): checkpoints of an IterableDataset loader are not supported "
-              "yet; save at an epoch boundary and call set_epoch() when resuming");
+  if (s.iterable) return stream_state(s);
   std::uint64_t epoch = s.next_epoch;
   std::size_t position = 0;
   std::size_t batches = 0;
@@ -75,7 +193,7 @@ std::string DataLoader::state() const {
   {
     const std::lock_guard<std::mutex> lock(s.progress_mutex);
     const LoaderState::Progress& p = s.progress;
-    if (p.owner != 0 && p.prefix < p.batches) {  // inside an epoch
+    if (p.owner != 0 && !p.finished && p.prefix < p.batches) {  // inside an epoch
       epoch = p.epoch;
       position = p.prefix;
       batches = p.batches;
@@ -103,12 +221,7 @@ std::string DataLoader::state() const {
   out["position"] = position;
   out["received_beyond"] = beyond;
   out["sampler"] = sampler_json(s.batch_sampler->state());
-  {
-    const std::lock_guard<std::mutex> lock(s.stats_mutex);
-    out["totals"] = {{"batches", s.delivered_batches.load(std::memory_order_relaxed)},
-                     {"samples", s.delivered_samples.load(std::memory_order_relaxed)},
-                     {"skipped", s.skipped}};
-  }
+  out["totals"] = totals_of(s);
   return out.dump(2) + "\n";
 }
 
@@ -116,9 +229,6 @@ void DataLoader::load_state(std::string_view text, std::string_view source) {
   FERRY_CHECK(state_ != nullptr, "DataLoader: use of a moved-from loader");
   LoaderState& s = *state_;
   try {
-    FERRY_CHECK(s.dataset != nullptr,
-                "checkpoints of an IterableDataset loader are not supported yet; resume at an "
-                "epoch boundary with set_epoch()");
     const Json saved = sj::parse_object(text, "the text");
     const std::string format = sj::get<std::string>(saved, "", "format");
     if (format != kFormat) {
@@ -135,7 +245,11 @@ void DataLoader::load_state(std::string_view text, std::string_view source) {
     }
     const Json& dataset = saved.contains("dataset") ? saved["dataset"] : Json();
     if (!dataset.is_object()) throw ConfigError("'dataset' is missing or not an object");
-    sj::expect(dataset, "dataset", "kind", std::string("map"));
+    sj::expect(dataset, "dataset", "kind", std::string(s.iterable ? "iterable" : "map"));
+    if (s.iterable) {
+      load_stream_state(s, saved);
+      return;
+    }
     sj::expect(dataset, "dataset", "size", s.dataset->size());
     sj::expect(saved, "", "seed", *s.options.seed);
     if (stock_batching(s)) {
@@ -182,30 +296,45 @@ void DataLoader::load_state(std::string_view text, std::string_view source) {
     // The sampler checks its own arguments and may change the epoch's order (a
     // DistributedSampler at another world size); undone if the rest does not fit.
     BatchSampler& batching = *s.batch_sampler;
-    const std::string before = batching.state();
-    const std::size_t resumed = batching.load_state(sampler_state, epoch, position);
-    try {
-      if (resumed != position && !beyond.empty()) {
+    if (!beyond.empty()) {
+      // Batches received past a gap are positions in the saved world's split: they mean nothing
+      // in another one.
+      const auto* distributed =
+          stock_batching(s) ? dynamic_cast<const DistributedSampler*>(batching.sampler().get())
+                            : nullptr;
+      const Json saved_sampler = sj::get<Json>(saved, "", "sampler");
+      if (distributed != nullptr && saved_sampler.is_object() &&
+          saved_sampler.value("num_replicas", Json()) != Json(distributed->num_replicas())) {
         throw ConfigError(detail::str(
             "'received_beyond': the state was saved out of order (in_order = false) with batches "
             "received past position ",
-            position, ", but the sampler now splits the rest of epoch ", epoch,
-            " anew (another world size); resume at the same world size, or save in order"));
+            position, " at world size ", saved_sampler.value("num_replicas", Json()).dump(),
+            ", and this loader's world size is ", distributed->num_replicas(),
+            "; resume at the same world size, or save in order"));
       }
+    }
+    const std::string before = batching.state();
+    std::size_t resumed = position;
+    try {
+      resumed = batching.load_state(sampler_state, epoch, position);
       if (resumed == position && position > 0 && batches != expected_batches(s, epoch)) {
         throw ConfigError(detail::str("'epoch_batches' is ", batches, ", but epoch ", epoch,
                                       " of this loader has ", expected_batches(s, epoch),
                                       " batches; resume with the loader the state came from"));
       }
     } catch (...) {
-      batching.load_state(before, epoch, position);
+      try {
+        batching.load_state(before, epoch, position);
+      } catch (...) {
+        // before is what this sampler wrote itself: it fits
+      }
       throw;
     }
 
     // Everything fits: commit.
     s.next_epoch = epoch;
     s.resume = LoaderState::Resume{epoch, resumed,
-                                   resumed == position ? beyond : std::vector<std::uint64_t>{}};
+                                   resumed == position ? beyond : std::vector<std::uint64_t>{}, {}, 0};
     {
       const std::lock_guard<std::mutex> lock(s.progress_mutex);
       s.progress.owner = 0;

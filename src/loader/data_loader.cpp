@@ -225,19 +225,22 @@ DataLoader::~DataLoader() {
 
 DataLoader::Iterator DataLoader::begin() {
   FERRY_CHECK(state_ != nullptr, "DataLoader: use of a moved-from loader");
-  const std::uint64_t epoch = state_->next_epoch++;
-  // A checkpoint loaded for this epoch: its consumed batches are skipped (once).
+  // The epoch, and a checkpoint loaded for it (its consumed batches are skipped, once). Both
+  // advance only once the epoch has started: a begin() that fails (a worker that cannot start)
+  // leaves them, so state() still says where the loop stands and a retry runs the same epoch.
+  const std::uint64_t epoch = state_->next_epoch;
   std::optional<LoaderState::Resume> resume;
-  if (state_->resume && state_->resume->epoch == epoch) resume = std::move(state_->resume);
-  state_->resume.reset();
+  if (state_->resume && state_->resume->epoch == epoch) resume = state_->resume;
   std::shared_ptr<detail::EpochIterator> impl;
   if (state_->options.num_workers > 0) {
     impl = std::make_shared<detail::MultiProcessEpoch>(state_, epoch, std::move(resume));
   } else if (state_->dataset) {
     impl = std::make_shared<detail::InProcessMapEpoch>(state_, epoch, std::move(resume));
   } else {
-    impl = std::make_shared<detail::InProcessStreamEpoch>(state_, epoch);
+    impl = std::make_shared<detail::InProcessStreamEpoch>(state_, epoch, std::move(resume));
   }
+  state_->next_epoch = epoch + 1;
+  state_->resume.reset();
   Iterator it(std::move(impl));
   ++it;
   return it;

@@ -30,7 +30,10 @@ std::optional<Batch> InProcessMapEpoch::next() {
   for (;;) {
     check_open(*state_);
     while (resume_ && position_ < plan_.size() && resume_->skips(position_)) ++position_;
-    if (position_ >= plan_.size()) return std::nullopt;
+    if (position_ >= plan_.size()) {
+      progress_.finish();
+      return std::nullopt;
+    }
     const std::size_t sequence = position_++;  // past this batch even if it fails
     progress_.consumed(sequence);              // the loop gets it, or its error
     const workers::WorkerIdentity who{0, 1, *state_->options.seed};
@@ -48,14 +51,30 @@ std::optional<Batch> InProcessMapEpoch::next() {
 }
 
 InProcessStreamEpoch::InProcessStreamEpoch(std::shared_ptr<const LoaderState> state,
-                                           std::uint64_t epoch)
+                                           std::uint64_t epoch,
+                                           std::optional<LoaderState::Resume> resume)
     : state_(std::move(state)),
-      reader_(*state_->iterable, epoch, workers::WorkerIdentity{0, 1, *state_->options.seed}) {}
+      progress_(state_, epoch, resume),
+      reader_(*state_->iterable, epoch, workers::WorkerIdentity{0, 1, *state_->options.seed}) {
+  if (resume && !resume->streams.empty()) {
+    const LoaderState::StreamProgress& at = resume->streams.front();
+    sequence_ = resume->prefix;
+    ended_ = at.ended;
+    if (!ended_ && (at.position > 0 || at.cursor)) reader_.resume(at.position, at.cursor);
+  }
+}
 
 std::optional<Batch> InProcessStreamEpoch::next() {
   check_open(*state_);
-  auto samples = reader_.next_batch(state_->options.batch_size, state_->options.drop_last);
-  if (samples.empty()) return std::nullopt;
+  std::vector<Example> samples;
+  if (!ended_) samples = reader_.next_batch(state_->options.batch_size, state_->options.drop_last);
+  if (samples.empty()) {
+    ended_ = true;
+    progress_.finish();
+    return std::nullopt;
+  }
+  const auto position = static_cast<std::uint64_t>(samples.back().index()) + 1;
+  progress_.stream_result(0, false, position, reader_.cursor(), 1);
   return deliver(workers::collate_samples(std::move(samples), state_->collate_fn, *state_->buffers,
                                           reader_.epoch(), sequence_++),
                  *state_);

@@ -32,13 +32,17 @@ class InProcessMapEpoch final : public EpochIterator {
 // num_workers = 0 over an iterable dataset: one stream, read in the calling thread.
 class InProcessStreamEpoch final : public EpochIterator {
  public:
-  InProcessStreamEpoch(std::shared_ptr<const LoaderState> state, std::uint64_t epoch);
+  InProcessStreamEpoch(std::shared_ptr<const LoaderState> state,
+                       std::uint64_t epoch,
+                       std::optional<LoaderState::Resume> resume = std::nullopt);
   std::optional<Batch> next() override;
 
  private:
   std::shared_ptr<const LoaderState> state_;
+  ProgressTracker progress_;
   workers::StreamReader reader_;
   std::size_t sequence_ = 0;
+  bool ended_ = false;
 };
 
 }  // namespace ferry::detail

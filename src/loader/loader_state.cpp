@@ -70,7 +70,32 @@ ProgressTracker::ProgressTracker(std::shared_ptr<const LoaderState> state,
   if (resume) {
     p.prefix = resume->prefix;
     p.beyond.insert(resume->beyond.begin(), resume->beyond.end());
+    p.streams = resume->streams;
+    p.next_worker = resume->next_worker;
   }
+  if (state_->iterable) p.streams.resize(std::max<std::size_t>(1, state_->options.num_workers));
+}
+
+void ProgressTracker::stream_result(std::size_t worker,
+                                    bool ended,
+                                    std::optional<std::uint64_t> position,
+                                    std::optional<std::string> cursor,
+                                    std::size_t workers) {
+  const std::lock_guard<std::mutex> lock(state_->progress_mutex);
+  LoaderState::Progress& p = state_->progress;
+  if (p.owner != owner_ || worker >= p.streams.size()) return;
+  ++p.prefix;
+  p.next_worker = workers > 0 ? (worker + 1) % workers : 0;
+  LoaderState::StreamProgress& s = p.streams[worker];
+  if (ended) s.ended = true;
+  if (!position) return;
+  s.position = *position;
+  s.cursor = std::move(cursor);
+}
+
+void ProgressTracker::finish() {
+  const std::lock_guard<std::mutex> lock(state_->progress_mutex);
+  if (state_->progress.owner == owner_) state_->progress.finished = true;
 }
 
 ProgressTracker::~ProgressTracker() {

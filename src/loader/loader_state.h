@@ -84,18 +84,30 @@ struct LoaderState {
 
   // Checkpoints (DataLoader::state()). What the training loop has consumed of the epoch in
   // progress: the batches it received (or whose error it received), by sequence number.
+  // Iterable datasets: where one worker's stream stands in what the loop consumed.
+  struct StreamProgress {
+    std::uint64_t position = 0;         // samples of the stream in consumed batches
+    std::optional<std::string> cursor;  // the stream's cursor after them, if it gives one
+    bool ended = false;                 // the loop has seen the stream end
+  };
   struct Progress {
     std::uint64_t owner = 0;  // the epoch iterator that reports; 0: no epoch in progress
     std::uint64_t epoch = 0;
+    bool finished = false;           // the iterator reached the end of the epoch
     std::size_t batches = 0;         // in the epoch (map-style)
-    std::size_t prefix = 0;          // batches 0 .. prefix-1 consumed
+    std::size_t prefix = 0;          // batches 0 .. prefix-1 consumed (iterable: results taken)
     std::set<std::uint64_t> beyond;  // consumed batches past the prefix (out of order)
+    std::vector<StreamProgress> streams;  // iterable: one per worker (one without workers)
+    std::size_t next_worker = 0;          // iterable, in order: whose result comes next
   };
-  // Where load_state() continues: the next begin(), if it runs `epoch`, skips these batches.
+  // Where load_state() continues: the next begin(), if it runs `epoch`, skips these batches
+  // (map-style), or continues each worker's stream where it stood (iterable).
   struct Resume {
     std::uint64_t epoch = 0;
     std::size_t prefix = 0;
     std::vector<std::uint64_t> beyond;  // sorted
+    std::vector<StreamProgress> streams;
+    std::size_t next_worker = 0;
     bool skips(std::uint64_t sequence) const noexcept;
   };
   std::optional<Resume> resume;
@@ -119,6 +131,15 @@ class ProgressTracker {
   void consumed(std::uint64_t sequence);
   // The epoch's plan is known: `batches` in all.
   void set_batches(std::size_t batches);
+  // Iterable: the loop took a result of worker `worker`'s stream: its end (`ended`), a batch
+  // whose last sample was at `position - 1` (`cursor` after it), or an error (no position).
+  void stream_result(std::size_t worker,
+                     bool ended,
+                     std::optional<std::uint64_t> position,
+                     std::optional<std::string> cursor,
+                     std::size_t workers);
+  // The iterator reached the end of the epoch.
+  void finish();
 
  private:
   std::shared_ptr<const LoaderState> state_;

@@ -60,6 +60,17 @@ MultiProcessEpoch::MultiProcessEpoch(std::shared_ptr<LoaderState> state,
   token_ = state_->next_token++;
   undelivered_.assign(state_->options.num_workers, 0);
   exhausted_.assign(state_->options.num_workers, false);
+  stream_resumed_.assign(state_->options.num_workers, false);
+  if (iterable_ && resume_) {
+    // Resuming a stream epoch: streams that had ended stay ended, the others continue where
+    // the loop stood (the first task of each carries its position), and the round robin and
+    // the batches' numbers go on from there.
+    for (std::size_t w = 0; w < exhausted_.size() && w < resume_->streams.size(); ++w) {
+      exhausted_[w] = resume_->streams[w].ended;
+    }
+    round_robin_ = resume_->next_worker;
+    next_task_ = next_delivery_ = resume_->prefix;
+  }
   if (!iterable_) {
     plan_ = plan_epoch(*state_, epoch_);
     progress_.set_batches(plan_.size());
@@ -152,8 +163,13 @@ std::optional<Batch> MultiProcessEpoch::next_locked() {
     pool_->send_recycles();  // ...or go on their own to workers that got none
     if (std::optional<Result> r = pop_result()) {
       state_->record_skipped(epoch_, r->skipped);
+      if (iterable_) {
+        progress_.stream_result(r->worker, r->stream_end, r->stream_position,
+                                std::move(r->stream_cursor), pool_->workers().size());
+      } else {
+        progress_.consumed(r->sequence);
+      }
       if (r->stream_end) continue;
-      if (!iterable_) progress_.consumed(r->sequence);
       if (r->empty) {
         // Every sample was skipped. Ranks of a distributed job must yield the same number of
         // batches, so there the loop gets an empty batch; elsewhere the batch is left out.
@@ -163,7 +179,10 @@ std::optional<Batch> MultiProcessEpoch::next_locked() {
       if (r->error) std::rethrow_exception(r->error);
       return deliver(std::move(*r->batch), *state_);
     }
-    if (finished()) return std::nullopt;
+    if (finished()) {
+      progress_.finish();
+      return std::nullopt;
+    }
     // A spawn or forkserver worker's start-up (a fresh program, the dataset rebuilt) is not a
     // batch taking too long: the timeout counts from its handshake, and start-up gets its own,
     // generous bound.
@@ -318,8 +337,21 @@ void MultiProcessEpoch::send_task(WorkerSlot& w,
   std::vector<std::byte> bytes;
   try {
     // The indices travel into the message and back out into the task's record: never copied.
-    ipc::IndexMessage message(
-        ipc::TaskMessage{epoch_, sequence, std::move(indices), std::move(w.recycled)});
+    ipc::TaskMessage task;
+    task.epoch = epoch_;
+    task.sequence = sequence;
+    task.indices = std::move(indices);
+    task.recycled = std::move(w.recycled);
+    ipc::IndexMessage message(std::move(task));
+    if (iterable_ && resume_ && !stream_resumed_[w.id] && w.id < resume_->streams.size()) {
+      // The worker's first task of a resumed epoch: where its stream continues.
+      auto& first = std::get<ipc::TaskMessage>(message);
+      const LoaderState::StreamProgress& at = resume_->streams[w.id];
+      first.stream_position = at.position;
+      first.has_stream_cursor = at.cursor.has_value();
+      if (at.cursor) first.stream_cursor = *at.cursor;
+    }
+    stream_resumed_[w.id] = true;
     bytes = ipc::encode(message);
     w.recycled.clear();
     w.in_flight.push_back(TaskRecord{token_, epoch_, sequence,
@@ -496,6 +528,10 @@ void MultiProcessEpoch::handle_message(WorkerSlot& w,
             std::shared_ptr<device::LockableRange>(mapping, &mapping->page_lock));
       }
       result.skipped = std::move(m->skipped);
+      if (iterable_ && !m->indices.empty() && m->indices.back() >= 0) {
+        result.stream_position = static_cast<std::uint64_t>(m->indices.back()) + 1;
+        if (m->has_stream_cursor) result.stream_cursor = std::move(m->stream_cursor);
+      }
       // Every field is checked against the segment as this process measured it.
       Batch batch = open_batch(*m, region.data(), region.size(), lease, worker_name(w));
       batch.set_position(epoch_, m->sequence);

@@ -41,6 +41,9 @@ class MultiProcessEpoch final : public EpochIterator {
     std::vector<workers::SkippedSample> skipped;
     std::size_t worker = 0;
     std::uint64_t sequence = 0;
+    // Iterable: the worker's stream position after this batch, and its cursor (checkpoints).
+    std::optional<std::uint64_t> stream_position;
+    std::optional<std::string> stream_cursor;
   };
 
   std::optional<Batch> next_locked();
@@ -94,6 +97,7 @@ class MultiProcessEpoch final : public EpochIterator {
   // prefetch_factor), and for an iterable dataset whether its stream has ended.
   std::vector<std::size_t> undelivered_;
   std::vector<bool> exhausted_;
+  std::vector<bool> stream_resumed_;  // iterable, resuming: the worker got its stream's position
   bool spin_;  // poll briefly before sleeping: only when main and workers each have a core
   bool failed_ = false;
   std::vector<pollfd> pollfds_;

@@ -28,12 +28,15 @@ using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
 
 TEST(Protocol, EveryMessageRoundTrips) {
-  TaskMessage task{7, 42, {1, -2, 3}, {9, 10}};
+  TaskMessage task{7, 42, {1, -2, 3}, {9, 10}, 12, true, "shard-3:17"};
   const auto t = std::get<TaskMessage>(decode_index(encode(IndexMessage(task))));
   EXPECT_EQ(t.epoch, 7u);
   EXPECT_EQ(t.sequence, 42u);
   EXPECT_EQ(t.indices, task.indices);
   EXPECT_EQ(t.recycled, task.recycled);
+  EXPECT_EQ(t.stream_position, 12u);
+  EXPECT_TRUE(t.has_stream_cursor);
+  EXPECT_EQ(t.stream_cursor, "shard-3:17");
   EXPECT_EQ(
       std::get<RecycleMessage>(decode_index(encode(IndexMessage(RecycleMessage{{5}})))).segment_ids,
       std::vector<std::uint64_t>{5});
@@ -50,7 +53,11 @@ TEST(Protocol, EveryMessageRoundTrips) {
   ready.fields.push_back(FieldMeta{"path", 3, -1, {}, 0, 0, {"a.jpg", "b.jpg"}});
   ready.indices = {10, 11};
   ready.retired_segments = {8};
+  ready.has_stream_cursor = true;
+  ready.stream_cursor = "offset=4096";
   const auto r = std::get<BatchReadyMessage>(decode_data(encode(DataMessage(ready))));
+  EXPECT_TRUE(r.has_stream_cursor);
+  EXPECT_EQ(r.stream_cursor, "offset=4096");
   EXPECT_EQ(r.fields.size(), 2u);
   EXPECT_EQ(r.fields[0].sizes, (std::vector<std::int64_t>{2, 3}));
   EXPECT_EQ(r.fields[1].strings, (std::vector<std::string>{"a.jpg", "b.jpg"}));
@@ -84,7 +91,7 @@ TEST(Protocol, ForeignBytesAndOtherVersionsAreRefused) {
   bytes[4] = std::byte{99};  // the version field
   EXPECT_THAT([&] { decode_index(bytes); }, ThrowsMessage<Error>(HasSubstr("out of step")));
   // A count that claims more than the message holds.
-  auto task = encode(IndexMessage(TaskMessage{0, 0, {1}, {}}));
+  auto task = encode(IndexMessage(TaskMessage{0, 0, {1}, {}, 0, false, {}}));
   const std::uint32_t huge = 1u << 27;
   std::memcpy(task.data() + 8 + 16, &huge, 4);
   EXPECT_THAT([&] { decode_index(task); }, ThrowsMessage<Error>(HasSubstr("cut short")));

@@ -26,6 +26,7 @@
 namespace ferry {
 namespace {
 
+using ::testing::AllOf;
 using testing::Delivered;
 using ::testing::HasSubstr;
 using testing::RangeDataset;
@@ -133,6 +134,59 @@ INSTANTIATE_TEST_SUITE_P(SamplersAndStops,
                                                               Stop{"NextEpoch", kNextEpoch,
                                                                    false})),
                          continuation_name);
+
+// Iterable datasets without workers: the stream continues at its cursor, or (without one) by
+// reading and dropping what was delivered; either way the same batches follow.
+class StreamContinuation : public ::testing::TestWithParam<std::tuple<bool, std::size_t, bool>> {};
+
+TEST_P(StreamContinuation, EqualsTheUninterruptedRun) {
+  const auto [cursor, stop, after_loop] = GetParam();
+  auto data = std::make_shared<testing::CountingStream>(23, true, cursor);
+  const DataLoaderOptions options{.batch_size = 4, .seed = 11};
+  DataLoader reference_loader(data, options);
+  const auto reference = testing::run_through(reference_loader, 1);
+  DataLoader first(data, options);
+  auto [before, state] = testing::run_until(first, stop, after_loop);
+  SCOPED_TRACE(state);
+  EXPECT_THAT(state, HasSubstr("\"kind\": \"iterable\""));
+  if (stop > 0 && stop < 6) {
+    EXPECT_THAT(state, HasSubstr(cursor ? "\"cursor\": \"next=" : "\"cursor\": null"));
+  }
+  DataLoader resumed(data, options);
+  resumed.load_state(state);
+  testing::expect_continuation(reference, before, testing::run_through(resumed, 1), true);
+}
+
+INSTANTIATE_TEST_SUITE_P(CursorAndStops,
+                         StreamContinuation,
+                         ::testing::Values(std::make_tuple(true, 1, false),
+                                           std::make_tuple(true, 3, false),
+                                           std::make_tuple(true, 6, false),
+                                           std::make_tuple(true, 6, true),
+                                           std::make_tuple(true, 8, false),
+                                           std::make_tuple(false, 0, false),
+                                           std::make_tuple(false, 3, false),
+                                           std::make_tuple(false, 6, true)));
+
+// A stream state holds one stream per worker: another number of workers is refused (the
+// dataset is split by worker), except at the start of an epoch.
+TEST(Checkpoint, StreamStatesNeedTheSameWorkers) {
+  auto data = std::make_shared<testing::CountingStream>(23, true, true);
+  DataLoader first(data, {.batch_size = 4, .seed = 2});
+  const std::string mid = testing::run_until(first, 2).second;
+  DataLoader two(data, {.batch_size = 4, .num_workers = 2, .seed = 2});  // no worker starts
+  const std::string before = two.state();
+  EXPECT_THAT([&] { two.load_state(mid, "s.json"); },
+              ::testing::ThrowsMessage<ConfigError>(
+                  AllOf(HasSubstr("s.json: 'streams'"), HasSubstr("num_workers = 0 or 1"))));
+  EXPECT_EQ(two.state(), before);
+  DataLoader start(data, {.batch_size = 4, .seed = 2});
+  two.load_state(start.state());  // the start of epoch 0: any number of workers
+  EXPECT_EQ(two.epoch(), 0u);
+  std::string map_state = DataLoader(std::make_shared<RangeDataset>(5), {.seed = 2}).state();
+  EXPECT_THAT([&] { two.load_state(map_state); },
+              ::testing::ThrowsMessage<ConfigError>(HasSubstr("'dataset.kind'")));
+}
 
 TEST(Checkpoint, StateIsSmallAndReadable) {
   auto data = std::make_shared<RangeDataset>(1'000'000'000);

@@ -92,6 +92,86 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
 
 INSTANTIATE_TEST_SUITE_P(Matrix, Resume, ::testing::ValuesIn(cases()), case_name);
 
+// Iterable datasets with workers: each worker's stream continues where the loop stood, at its
+// cursor or by replaying; in order, the round robin and the batches' numbers go on too.
+struct StreamCase {
+  StartMethod method;
+  bool in_order;
+  bool persistent;
+  bool cursor;
+};
+
+class StreamResume : public ::testing::TestWithParam<StreamCase> {};
+
+TEST_P(StreamResume, EveryValueOnceAndInOrderTheSameBatches) {
+  const StreamCase c = GetParam();
+  auto data = testing::counting(61, true, c.cursor);
+  const DataLoaderOptions o{.batch_size = 4,
+                            .num_workers = 2,
+                            .persistent_workers = c.persistent,
+                            .in_order = c.in_order,
+                            .seed = 5,
+                            .start_method = c.method};
+  auto collect = [](DataLoader& loader, std::uint64_t last, std::size_t stop, std::string* state) {
+    std::vector<Batch> out;
+    while (loader.epoch() <= last) {
+      for (auto& batch : loader) {
+        out.push_back(batch);
+        if (out.size() == stop) {
+          *state = loader.state();
+          return out;
+        }
+      }
+    }
+    return out;
+  };
+  std::string unused;
+  DataLoader reference_loader(data, o);
+  const auto reference = collect(reference_loader, 1, 0, &unused);
+  DataLoader first(data, o);
+  std::string state;
+  const auto before = collect(first, 1, 5, &state);
+  ASSERT_FALSE(state.empty());
+  DataLoader resumed(data, o);
+  resumed.load_state(state);
+  const auto after = collect(resumed, 1, 0, &unused);
+  SCOPED_TRACE(state);
+  testing::expect_same_values(reference, before, after);
+  if (c.in_order) {
+    auto records = [](const std::vector<Batch>& batches) {
+      std::vector<Delivered> out;
+      for (const Batch& b : batches) out.push_back(testing::record(b));
+      return out;
+    };
+    testing::expect_continuation(records(reference), records(before), records(after), true);
+  }
+}
+
+std::vector<StreamCase> stream_cases() {
+  std::vector<StreamCase> out;
+  for (const auto method : {StartMethod::kFork, StartMethod::kForkserver, StartMethod::kSpawn}) {
+    for (const bool in_order : {true, false}) {
+      out.push_back({method, in_order, false, true});
+      if (method == StartMethod::kFork) {
+        out.push_back({method, in_order, false, false});
+        out.push_back({method, in_order, true, true});
+      }
+    }
+  }
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Streams,
+                         StreamResume,
+                         ::testing::ValuesIn(stream_cases()),
+                         [](const ::testing::TestParamInfo<StreamCase>& info) {
+                           const StreamCase& c = info.param;
+                           return std::string(to_string(c.method)) +
+                                  (c.in_order ? "_InOrder" : "_OutOfOrder") +
+                                  (c.persistent ? "_Persistent" : "") +
+                                  (c.cursor ? "_Cursor" : "_Replay");
+                         });
+
 // Out of order, a straggling worker leaves a gap: the state lists the batches received past
 // it, and a loader resumed (in order, with another number of workers) loads only the others.
 TEST(ResumeEngine, OutOfOrderGapsAreRemembered) {

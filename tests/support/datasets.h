@@ -3,6 +3,7 @@
 // Small datasets the loader tests share.
 
 #include <stdexcept>
+#include <string>
 
 #include "ferry/dataset.h"
 
@@ -41,21 +42,33 @@ class FailingDataset : public RangeDataset {
   std::size_t bad_from_, bad_to_;
 };
 
-// Counts 0..n-1 in each worker's stream; split between workers by worker_id.
+// Counts 0..n-1 in each worker's stream; split between workers by worker_id. With `cursor`,
+// the stream says where it stands (the next value) and seeks there, for checkpoints.
 class CountingStream : public IterableDataset {
  public:
-  explicit CountingStream(std::size_t n, bool known_size = true) : n_(n), known_size_(known_size) {}
+  explicit CountingStream(std::size_t n, bool known_size = true, bool cursor = false)
+      : n_(n), known_size_(known_size), cursor_(cursor) {}
   std::unique_ptr<ExampleStream> stream(SampleContext& ctx) const override {
     struct Stream : ExampleStream {
       std::size_t next_value, step, end;
+      bool has_cursor = false;
       std::optional<Example> next(SampleContext& ctx) override {
         if (next_value >= end) return std::nullopt;
         const auto v = static_cast<std::int64_t>(next_value);
         next_value += step;
         return Example{{"value", v}, {"noise", ctx.uniform()}};
       }
+      std::optional<std::string> cursor() const override {
+        if (!has_cursor) return std::nullopt;
+        return "next=" + std::to_string(next_value);
+      }
+      void seek(const std::string& cursor) override {
+        if (cursor.rfind("next=", 0) != 0) throw std::runtime_error("bad cursor " + cursor);
+        next_value = std::stoull(cursor.substr(5));
+      }
     };
     auto s = std::make_unique<Stream>();
+    s->has_cursor = cursor_;
     s->next_value = ctx.worker_id();
     s->step = ctx.num_workers();
     s->end = n_;
@@ -68,6 +81,7 @@ class CountingStream : public IterableDataset {
  private:
   std::size_t n_;
   bool known_size_;
+  bool cursor_;
 };
 
 }  // namespace ferry::testing

@@ -76,9 +76,12 @@ void register_test_types(Registry& r) {
                 });
   r.add_iterable_dataset(
       {.name = "test.counting",
-       .keys = {n, {.name = "known_size", .type = ValueType::kBool, .default_value = true}}},
+       .keys = {n,
+                {.name = "known_size", .type = ValueType::kBool, .default_value = true},
+                {.name = "cursor", .type = ValueType::kBool, .default_value = false}}},
       [](const Args& a) {
-        return std::make_shared<CountingStream>(a.get<std::size_t>("n"), a.get<bool>("known_size"));
+        return std::make_shared<CountingStream>(a.get<std::size_t>("n"), a.get<bool>("known_size"),
+                                                a.get<bool>("cursor"));
       });
   r.add_dataset(
       {.name = "test.ledger",
@@ -178,9 +181,9 @@ std::shared_ptr<Dataset> failing(std::size_t n, std::size_t bad_from, std::size_
       {{"type", "test.failing"}, {"n", n}, {"bad_from", bad_from}, {"bad_to", bad_to}}));
 }
 
-std::shared_ptr<IterableDataset> counting(std::size_t n, bool known_size) {
-  auto any = Registry::global().make_any_dataset(
-      Config::map({{"type", "test.counting"}, {"n", n}, {"known_size", known_size}}));
+std::shared_ptr<IterableDataset> counting(std::size_t n, bool known_size, bool cursor) {
+  auto any = Registry::global().make_any_dataset(Config::map(
+      {{"type", "test.counting"}, {"n", n}, {"known_size", known_size}, {"cursor", cursor}}));
   return std::get<std::shared_ptr<IterableDataset>>(any);
 }
 

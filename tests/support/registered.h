@@ -56,7 +56,9 @@ void register_test_types(Registry& registry);
 
 std::shared_ptr<Dataset> range(std::size_t n);
 std::shared_ptr<Dataset> failing(std::size_t n, std::size_t bad_from, std::size_t bad_to);
-std::shared_ptr<IterableDataset> counting(std::size_t n, bool known_size = true);
+std::shared_ptr<IterableDataset> counting(std::size_t n,
+                                          bool known_size = true,
+                                          bool cursor = false);
 std::shared_ptr<Dataset> ledger(std::size_t n,
                                 std::size_t payload_bytes = 256,
                                 int max_delay_us = 0,

@@ -92,4 +92,25 @@ inline void expect_continuation(const std::vector<Delivered>& reference,
   }
 }
 
+// Streams (out of order, batches' numbers depend on timing): every value of `reference`
+// arrives once in `before` + `after`, with the same noise, whatever batch carried it.
+inline void expect_same_values(const std::vector<Batch>& reference,
+                               const std::vector<Batch>& before,
+                               const std::vector<Batch>& after) {
+  auto values = [](const std::vector<Batch>& batches) {
+    std::map<std::int64_t, std::vector<double>> out;
+    for (const Batch& b : batches) {
+      const auto v = b["value"];
+      const auto n = b["noise"];
+      for (std::int64_t i = 0; i < v.size(0); ++i) {
+        out[v[i].item<std::int64_t>()].push_back(n[i].item<double>());
+      }
+    }
+    return out;
+  };
+  std::vector<Batch> joined = before;
+  joined.insert(joined.end(), after.begin(), after.end());
+  EXPECT_EQ(values(joined), values(reference));
+}
+
 }  // namespace ferry::testing
