@@ -44,11 +44,13 @@ def config(folder, load_us):
     return path
 
 
-def torchrun(n):
+def torchrun(n, folder):
     # --redirects/--tee 1: Debian's torch 1.13 on Python 3.11 parses only single-bit values
     # (IntFlag iterates no zero or multi-bit member), so its default of 0 fails every run.
+    # --log_dir: a fresh folder inside ours (torchrun's default is a torchelastic_* in /tmp).
+    logs = tempfile.mkdtemp(prefix="torchrun-", dir=folder)
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
-            "--redirects", "1", "--tee", "1", "--no_python"]
+            "--redirects", "1", "--tee", "1", "--log_dir", logs, "--no_python"]
 
 
 def mpirun(n):
@@ -105,7 +107,7 @@ def main():
     env["OMP_NUM_THREADS"] = "1"
     try:
         fast = config(folder, 0)
-        for name, launcher in (("torchrun", torchrun(4)), ("mpirun", mpirun(4))):
+        for name, launcher in (("torchrun", torchrun(4, folder)), ("mpirun", mpirun(4))):
             dump = os.path.join(folder, name + "-{rank}.jsonl")
             run(launcher + [ferry, "run", fast, "--dump-indices", dump], env)
             check_ranks(name, [read_dump(dump.format(rank=r)) for r in range(4)], 4)
@@ -115,7 +117,7 @@ def main():
         states = os.path.join(folder, "state-{rank}.json")
         dumps = os.path.join(folder, "killed-{rank}.jsonl")
         job = subprocess.Popen(
-            torchrun(4) + [ferry, "run", slow, "--save-state", states, "--save-every", "2",
+            torchrun(4, folder) + [ferry, "run", slow, "--save-state", states, "--save-every", "2",
                            "--dump-indices", dumps],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         positions = {}
@@ -147,7 +149,7 @@ def main():
             assert len(batches) >= step, f"rank {r} dumped {len(batches)} batches, state says {step}"
             consumed += [i for b in batches[:step] for i in b["indices"]]
         resumed = os.path.join(folder, "resumed-{rank}.jsonl")
-        run(torchrun(2) + [ferry, "run", slow, "--resume", states.format(rank=slowest),
+        run(torchrun(2, folder) + [ferry, "run", slow, "--resume", states.format(rank=slowest),
                            "--dump-indices", resumed], env)
         rest = [read_dump(resumed.format(rank=r)) for r in range(2)]
         assert len(rest[0]) == len(rest[1]), "the two ranks yield different numbers of batches"
