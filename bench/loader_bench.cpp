@@ -1249,21 +1249,28 @@ int run_huge_case(const std::string& order, std::size_t n, std::size_t workers) 
   return 0;
 }
 
-// Runs `command` and returns (seconds, peak_rss) from its last JSON line, or nullopt.
-std::optional<std::pair<double, double>> huge_run(const std::string& command) {
+// Runs `command` and returns the lines it printed, or nullopt if it failed.
+std::optional<std::vector<std::string>> child_lines(const std::string& command) {
   std::fprintf(stderr, "running: %s\n", command.c_str());
   FILE* pipe = ::popen(command.c_str(), "r");
   if (pipe == nullptr) return std::nullopt;
-  std::optional<std::pair<double, double>> out;
+  std::vector<std::string> lines;
   char* line = nullptr;
   std::size_t capacity = 0;
-  while (::getline(&line, &capacity, pipe) > 0) {
+  while (::getline(&line, &capacity, pipe) > 0) lines.emplace_back(line);
+  std::free(line);
+  if (::pclose(pipe) != 0) return std::nullopt;
+  return lines;
+}
+
+// Runs `command` and returns (seconds, peak_rss) from its last JSON line, or nullopt.
+std::optional<std::pair<double, double>> huge_run(const std::string& command) {
+  std::optional<std::pair<double, double>> out;
+  for (const std::string& line : child_lines(command).value_or(std::vector<std::string>{})) {
     const auto seconds = json_number(line, "seconds");
     const auto rss = json_number(line, "peak_rss");
     if (seconds && rss) out = std::make_pair(*seconds, *rss);
   }
-  std::free(line);
-  if (::pclose(pipe) != 0) return std::nullopt;
   return out;
 }
 
@@ -1359,8 +1366,9 @@ int run_resume(const Args& args) {
       "run in a fresh process); ferry %s, LibTorch %d.%d.%d; median of %d\n\n",
       args.markdown ? "" : "# ", workers, FERRY_VERSION, TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR,
       TORCH_VERSION_PATCH, args.repeat);
-  std::printf("| order | N | from the start s | at 10%% s | at 50%% s | at 90%% s | "
-              "worst / start | state bytes | loading to 50%% s |\n");
+  std::printf(
+      "| order | N | from the start s | at 10%% s | at 50%% s | at 90%% s | "
+      "worst / start | state bytes | loading to 50%% s |\n");
   std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
   for (const std::string order : {"sequential", "shuffled"}) {
     for (const std::size_t n : {std::size_t{1'000'000}, std::size_t{100'000'000}}) {
@@ -1371,24 +1379,18 @@ int run_resume(const Args& args) {
           const std::string command = shell_quote(self) + " --resume-case " + order + " " +
                                       std::to_string(n) + " " + std::to_string(percent) + " " +
                                       std::to_string(workers);
-          std::fprintf(stderr, "running: %s\n", command.c_str());
-          FILE* pipe = ::popen(command.c_str(), "r");
-          if (pipe == nullptr) continue;
-          char* line = nullptr;
-          std::size_t capacity = 0;
-          while (::getline(&line, &capacity, pipe) > 0) {
+          for (const std::string& line :
+               child_lines(command).value_or(std::vector<std::string>{})) {
             if (const auto v = json_number(line, "seconds")) seconds[percent].push_back(*v);
             if (const auto v = json_number(line, "state_bytes"); v && *v > 0) bytes = *v;
           }
-          std::free(line);
-          ::pclose(pipe);
         }
       }
       const double start = med(seconds[-1]);
       const double worst = std::max({med(seconds[10]), med(seconds[50]), med(seconds[90])});
       std::printf("| %s | %.0e | %.3f | %.3f | %.3f | %.3f | %.2fx | %.0f | %.3f |\n",
-                  order.c_str(), static_cast<double>(n), start, med(seconds[10]),
-                  med(seconds[50]), med(seconds[90]), worst / start, bytes, med(seconds[-50]));
+                  order.c_str(), static_cast<double>(n), start, med(seconds[10]), med(seconds[50]),
+                  med(seconds[90]), worst / start, bytes, med(seconds[-50]));
     }
   }
   return 0;
@@ -1638,8 +1640,7 @@ int main(int argc, char** argv) {
     return run_huge_case(argv[2], std::stoull(argv[3]), std::stoull(argv[4]));
   }
   if (argc == 6 && std::string_view(argv[1]) == "--resume-case") {  // a child of --resume
-    return run_resume_case(argv[2], std::stoull(argv[3]), std::stoi(argv[4]),
-                           std::stoull(argv[5]));
+    return run_resume_case(argv[2], std::stoull(argv[3]), std::stoi(argv[4]), std::stoull(argv[5]));
   }
   const Args args = parse_args(argc, argv);
   if (args.huge) return run_huge(args);

@@ -95,13 +95,27 @@ class EpochGenerator {
     return at_epoch(epoch, std::forward<Draw>(draw), [](at::Generator&) {});
   }
 
+  /// Checkpoints: the generator's state at the start of the last epoch drawn (its Mersenne
+  /// Twister state, 2.5 KB, as base64) and that epoch, so that a resumed sampler draws epoch e
+  /// without drawing epochs 0..e-1 again; nullopt before any epoch was drawn.
+  std::optional<std::pair<std::uint64_t, std::string>> snapshot() const;
+  /// Continues from a snapshot of epoch `epoch`: asking for that epoch or a later one starts
+  /// there (an empty `text`: from the seed, as new). Throws `ConfigError` if `text` is not a
+  /// snapshot of this generator (changing nothing).
+  void restore(std::uint64_t epoch, std::string_view text);
+
  private:
   std::uint64_t seed_;
   std::optional<at::Generator> generator_;  // state at the start of epoch `next_epoch_`...
   std::uint64_t next_epoch_ = 0;
   bool finish_pending_ = false;  // ...once the previous epoch's finishing draws are made
+  // A copy of the state at the start of epoch `start_epoch_`, the last drawn: checkpoints save
+  // it, and jumping back to it (or past it) starts from it rather than from the seed.
+  std::optional<at::Generator> start_;
+  std::uint64_t start_epoch_ = 0;
 
   at::Generator& rewind_to(std::uint64_t epoch);
+  void keep_start(at::Generator& generator, std::uint64_t epoch);
 };
 
 /// Random order without replacement (or `num_samples` draws with replacement), as
@@ -297,6 +311,7 @@ auto EpochGenerator::at_epoch(std::uint64_t epoch, Draw&& draw, Finish&& finish)
     finish(generator);
     ++next_epoch_;
   }
+  keep_start(generator, epoch);
   auto result = draw(generator, epoch);
   ++next_epoch_;
   finish_pending_ = true;

@@ -153,7 +153,11 @@ int run_pipeline(const RunOptions& options) {
     // Where the loader now stands (a DistributedSampler at another world size splits the rest
     // of the epoch anew and starts it at 0).
     const nlohmann::json state = nlohmann::json::parse(loader.state());
-    resumed_in_epoch = state["position"].get<std::size_t>() + state["received_beyond"].size();
+    // Map-style: the batches received; iterable: the results taken (stream ends included).
+    resumed_in_epoch = state.contains("position")
+                           ? state["position"].get<std::size_t>() +
+                                 state.value("received_beyond", nlohmann::json::array()).size()
+                           : state.value("results", std::size_t{0});
     std::fprintf(stderr, "ferry run: resuming from %s at epoch %llu, batch %zu\n", path.c_str(),
                  static_cast<unsigned long long>(loader.epoch()), resumed_in_epoch);
   }

@@ -111,6 +111,33 @@ std::string stream_state(const LoaderState& s) {
   return out.dump(2) + "\n";
 }
 
+struct Totals {
+  std::size_t batches = 0, samples = 0, skipped = 0;
+};
+
+Totals read_totals(const Json& saved) {
+  const Json totals = sj::get<Json>(saved, "", "totals");
+  if (!totals.is_object()) throw ConfigError("'totals' is not an object");
+  return {sj::get<std::uint64_t>(totals, "totals", "batches"),
+          sj::get<std::uint64_t>(totals, "totals", "samples"),
+          sj::get<std::uint64_t>(totals, "totals", "skipped")};
+}
+
+// Everything was checked: the next begin() continues from `resume`, and stats() from `totals`.
+void commit(LoaderState& s, LoaderState::Resume resume, const Totals& totals) {
+  s.next_epoch = resume.epoch;
+  s.resume = std::move(resume);
+  {
+    const std::lock_guard<std::mutex> lock(s.progress_mutex);
+    s.progress.owner = 0;
+  }
+  const std::lock_guard<std::mutex> lock(s.stats_mutex);
+  s.delivered_batches.store(totals.batches, std::memory_order_relaxed);
+  s.delivered_samples.store(totals.samples, std::memory_order_relaxed);
+  s.skipped = totals.skipped;
+  s.recent_skipped.clear();
+}
+
 // Restores an iterable dataset's state (see stream_state); everything is checked first.
 void load_stream_state(LoaderState& s, const Json& saved) {
   sj::expect(saved, "", "seed", *s.options.seed);
@@ -154,11 +181,7 @@ void load_stream_state(LoaderState& s, const Json& saved) {
     throw ConfigError(
         detail::str("'next_worker' is ", next_worker, ", but there are ", workers, " workers"));
   }
-  const Json totals = sj::get<Json>(saved, "", "totals");
-  if (!totals.is_object()) throw ConfigError("'totals' is not an object");
-  const std::size_t total_batches = sj::get<std::uint64_t>(totals, "totals", "batches");
-  const std::size_t total_samples = sj::get<std::uint64_t>(totals, "totals", "samples");
-  const std::size_t total_skipped = sj::get<std::uint64_t>(totals, "totals", "skipped");
+  const Totals totals = read_totals(saved);
   if (replayed > 0) {
     TORCH_WARN(
         "ferry: resuming an IterableDataset whose stream gives no cursor "
@@ -167,17 +190,7 @@ void load_stream_state(LoaderState& s, const Json& saved) {
         " samples they had delivered to get back to where the loop stood; give the "
         "stream a cursor and seek() to resume without reading them");
   }
-  s.next_epoch = epoch;
-  s.resume = LoaderState::Resume{epoch, results, {}, std::move(streams), next_worker};
-  {
-    const std::lock_guard<std::mutex> lock(s.progress_mutex);
-    s.progress.owner = 0;
-  }
-  const std::lock_guard<std::mutex> lock(s.stats_mutex);
-  s.delivered_batches.store(total_batches, std::memory_order_relaxed);
-  s.delivered_samples.store(total_samples, std::memory_order_relaxed);
-  s.skipped = total_skipped;
-  s.recent_skipped.clear();
+  commit(s, LoaderState::Resume{epoch, results, {}, std::move(streams), next_worker}, totals);
 }
 
 }  // namespace
@@ -282,11 +295,7 @@ void DataLoader::load_state(std::string_view text, std::string_view source) {
                                       "), each once and in order; it holds ", list.dump()));
       }
     }
-    const Json totals = sj::get<Json>(saved, "", "totals");
-    if (!totals.is_object()) throw ConfigError("'totals' is not an object");
-    const std::size_t total_batches = sj::get<std::uint64_t>(totals, "totals", "batches");
-    const std::size_t total_samples = sj::get<std::uint64_t>(totals, "totals", "samples");
-    const std::size_t total_skipped = sj::get<std::uint64_t>(totals, "totals", "skipped");
+    const Totals totals = read_totals(saved);
     const std::string sampler_state = sampler_text(sj::get<Json>(saved, "", "sampler"));
     if (position == batches) {  // the whole epoch was consumed: resume at the next one
       ++epoch;
@@ -331,19 +340,10 @@ void DataLoader::load_state(std::string_view text, std::string_view source) {
       throw;
     }
 
-    // Everything fits: commit.
-    s.next_epoch = epoch;
-    s.resume = LoaderState::Resume{epoch, resumed,
-                                   resumed == position ? beyond : std::vector<std::uint64_t>{}, {}, 0};
-    {
-      const std::lock_guard<std::mutex> lock(s.progress_mutex);
-      s.progress.owner = 0;
-    }
-    const std::lock_guard<std::mutex> lock(s.stats_mutex);
-    s.delivered_batches.store(total_batches, std::memory_order_relaxed);
-    s.delivered_samples.store(total_samples, std::memory_order_relaxed);
-    s.skipped = total_skipped;
-    s.recent_skipped.clear();
+    commit(s,
+           LoaderState::Resume{
+               epoch, resumed, resumed == position ? beyond : std::vector<std::uint64_t>{}, {}, 0},
+           totals);
   } catch (const ConfigError& e) {
     throw ConfigError(detail::str(source, ": ", e.what()));
   }

@@ -130,11 +130,21 @@ std::shared_ptr<const IndexOrder> Sampler::order(std::uint64_t epoch) {
 
 at::Generator& EpochGenerator::rewind_to(std::uint64_t epoch) {
   if (!generator_ || next_epoch_ > epoch) {
-    generator_ = at::detail::createCPUGenerator(seed_);
-    next_epoch_ = 0;
+    if (start_ && start_epoch_ <= epoch) {  // from the last epoch's start, not from the seed
+      generator_ = start_->clone();
+      next_epoch_ = start_epoch_;
+    } else {
+      generator_ = at::detail::createCPUGenerator(seed_);
+      next_epoch_ = 0;
+    }
     finish_pending_ = false;
   }
   return *generator_;
+}
+
+void EpochGenerator::keep_start(at::Generator& generator, std::uint64_t epoch) {
+  start_ = generator.clone();
+  start_epoch_ = epoch;
 }
 
 std::vector<std::int64_t> SequentialSampler::indices(std::uint64_t epoch) {

@@ -4,6 +4,8 @@
 #include <typeinfo>
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/MT19937RNGEngine.h>
 
 #include "ferry/error.h"
 #include "ferry/sampler.h"
@@ -35,7 +37,98 @@ Json open_state(std::string_view state, const char* type) {
   return saved;
 }
 
+// A snapshot is the Mersenne Twister's fields, little-endian: seed (8 bytes), left (4), seeded
+// (1), next (4), then the 624 words of its state (4 each).
+constexpr std::size_t kSnapshotBytes = 8 + 4 + 1 + 4 + 624 * 4;
+
+template <class T>
+void put(std::vector<unsigned char>& out, T value) {
+  for (std::size_t i = 0; i < sizeof(T); ++i) {
+    out.push_back(static_cast<unsigned char>(static_cast<std::uint64_t>(value) >> (8 * i)));
+  }
+}
+
+template <class T>
+T take(const std::vector<unsigned char>& in, std::size_t& at) {
+  std::uint64_t value = 0;
+  for (std::size_t i = 0; i < sizeof(T); ++i) value |= std::uint64_t{in[at + i]} << (8 * i);
+  at += sizeof(T);
+  return static_cast<T>(value);
+}
+
+// The sampler's generator at the start of its last epoch drawn, if it has one to give.
+void save_generator(Json& out, const EpochGenerator& generator) {
+  if (auto snapshot = generator.snapshot()) {
+    out["generator"] = Json{{"epoch", snapshot->first}, {"mt19937", std::move(snapshot->second)}};
+  }
+}
+
+void load_generator(const Json& saved, EpochGenerator& generator) {
+  if (!saved.contains("generator")) {  // a sampler that had drawn nothing: from the seed
+    generator.restore(0, "");
+    return;
+  }
+  const Json& g = saved["generator"];
+  if (!g.is_object()) throw ConfigError("'sampler.generator' is not an object");
+  generator.restore(sj::get<std::uint64_t>(g, "sampler.generator", "epoch"),
+                    sj::get<std::string>(g, "sampler.generator", "mt19937"));
+}
+
 }  // namespace
+
+std::optional<std::pair<std::uint64_t, std::string>> EpochGenerator::snapshot() const {
+  if (!start_) return std::nullopt;
+  auto* impl = at::check_generator<at::CPUGeneratorImpl>(*start_);
+  // ferry's samplers draw no normals; a generator caching one cannot be saved this way.
+  if (impl->next_float_normal_sample() || impl->next_double_normal_sample()) return std::nullopt;
+  const at::mt19937_data_pod pod = impl->engine().data();
+  std::vector<unsigned char> bytes;
+  bytes.reserve(kSnapshotBytes);
+  put(bytes, pod.seed_);
+  put(bytes, static_cast<std::uint32_t>(pod.left_));
+  put(bytes, static_cast<std::uint8_t>(pod.seeded_));
+  put(bytes, pod.next_);
+  for (const std::uint32_t word : pod.state_) put(bytes, word);
+  return std::make_pair(start_epoch_, sj::base64_encode(bytes));
+}
+
+void EpochGenerator::restore(std::uint64_t epoch, std::string_view text) {
+  if (text.empty()) {  // back to the seed: epochs are drawn from the start again
+    generator_.reset();
+    start_.reset();
+    next_epoch_ = start_epoch_ = 0;
+    finish_pending_ = false;
+    return;
+  }
+  const auto bytes = sj::base64_decode(text);
+  if (!bytes || bytes->size() != kSnapshotBytes) {
+    throw ConfigError(detail::str("'sampler.generator.mt19937' is not a generator's state (",
+                                  bytes ? bytes->size() : 0, " bytes, not ", kSnapshotBytes,
+                                  "); the state is cut short or edited"));
+  }
+  at::mt19937_data_pod pod{};
+  std::size_t at = 0;
+  pod.seed_ = take<std::uint64_t>(*bytes, at);
+  pod.left_ = static_cast<int>(take<std::uint32_t>(*bytes, at));
+  pod.seeded_ = take<std::uint8_t>(*bytes, at) != 0;
+  pod.next_ = take<std::uint32_t>(*bytes, at);
+  for (std::uint32_t& word : pod.state_) word = take<std::uint32_t>(*bytes, at);
+  if (pod.seed_ != seed_ || pod.left_ < 1 || pod.left_ > 625 || pod.next_ > 624) {
+    throw ConfigError(
+        detail::str("'sampler.generator': not a state of this sampler's generator "
+                    "(seed ",
+                    pod.seed_, ", this sampler's ", seed_, ")"));
+  }
+  at::Generator generator = at::detail::createCPUGenerator(seed_);
+  at::mt19937 engine;
+  engine.set_data(pod);
+  at::check_generator<at::CPUGeneratorImpl>(generator)->set_engine(engine);
+  generator_ = generator;
+  next_epoch_ = epoch;
+  finish_pending_ = false;
+  start_ = generator.clone();
+  start_epoch_ = epoch;
+}
 
 std::size_t Sampler::load_state(std::string_view state, std::uint64_t, std::size_t consumed) {
   if (!state.empty()) {
@@ -64,6 +157,7 @@ std::string RandomSampler::state() const {
            {"seed", generator_.seed()}, {"replacement", replacement_},
            {"num_samples", nullptr},    {"loader_draw", static_cast<std::uint64_t>(loader_draw_)}};
   if (num_samples_given_) out["num_samples"] = num_samples_;
+  save_generator(out, generator_);
   return out.dump();
 }
 
@@ -80,15 +174,17 @@ std::size_t RandomSampler::load_state(std::string_view state, std::uint64_t, std
                                   ", but this sampler has ", now.dump(),
                                   "; resume with the same value"));
   }
+  load_generator(saved, generator_);
   return consumed;
 }
 
 std::string SubsetRandomSampler::state() const {
-  return Json{{"type", "subset_random"},
-              {"size", subset_->size()},
-              {"seed", generator_.seed()},
-              {"subset", sj::fingerprint(subset_->data(), subset_->size() * sizeof(std::int64_t))}}
-      .dump();
+  Json out{{"type", "subset_random"},
+           {"size", subset_->size()},
+           {"seed", generator_.seed()},
+           {"subset", sj::fingerprint(subset_->data(), subset_->size() * sizeof(std::int64_t))}};
+  save_generator(out, generator_);
+  return out.dump();
 }
 
 std::size_t SubsetRandomSampler::load_state(std::string_view state,
@@ -99,17 +195,19 @@ std::size_t SubsetRandomSampler::load_state(std::string_view state,
   sj::expect(saved, "sampler", "seed", generator_.seed());
   sj::expect(saved, "sampler", "subset",
              sj::fingerprint(subset_->data(), subset_->size() * sizeof(std::int64_t)));
+  load_generator(saved, generator_);
   return consumed;
 }
 
 std::string WeightedRandomSampler::state() const {
   const at::Tensor w = weights_.contiguous();
-  return Json{{"type", "weighted_random"},
-              {"num_samples", num_samples_},
-              {"replacement", replacement_},
-              {"seed", generator_.seed()},
-              {"weights", sj::fingerprint(w.data_ptr<double>(), w.numel() * sizeof(double))}}
-      .dump();
+  Json out{{"type", "weighted_random"},
+           {"num_samples", num_samples_},
+           {"replacement", replacement_},
+           {"seed", generator_.seed()},
+           {"weights", sj::fingerprint(w.data_ptr<double>(), w.numel() * sizeof(double))}};
+  save_generator(out, generator_);
+  return out.dump();
 }
 
 std::size_t WeightedRandomSampler::load_state(std::string_view state,
@@ -122,6 +220,7 @@ std::size_t WeightedRandomSampler::load_state(std::string_view state,
   sj::expect(saved, "sampler", "seed", generator_.seed());
   sj::expect(saved, "sampler", "weights",
              sj::fingerprint(w.data_ptr<double>(), w.numel() * sizeof(double)));
+  load_generator(saved, generator_);
   return consumed;
 }
 

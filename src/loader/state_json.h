@@ -40,4 +40,9 @@ void expect(const Json& saved, std::string_view path, const char* name, const T&
 // weights of a WeightedRandomSampler, the indices of a SubsetRandomSampler).
 std::string fingerprint(const void* data, std::size_t bytes);
 
+// Base64 (RFC 4648, with padding), for binary state such as a generator's.
+std::string base64_encode(const std::vector<unsigned char>& bytes);
+// nullopt if `text` is not base64.
+std::optional<std::vector<unsigned char>> base64_decode(std::string_view text);
+
 }  // namespace ferry::detail::state_json

@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -48,9 +49,15 @@ def torchrun(n, folder):
     # --redirects/--tee 1: Debian's torch 1.13 on Python 3.11 parses only single-bit values
     # (IntFlag iterates no zero or multi-bit member), so its default of 0 fails every run.
     # --log_dir: a fresh folder inside ours (torchrun's default is a torchelastic_* in /tmp).
+    # The store listens on 127.0.0.1 at a free port: --standalone's fixed localhost:29400 needs
+    # a resolvable "localhost" and clashes with another run of this test.
     logs = tempfile.mkdtemp(prefix="torchrun-", dir=folder)
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}",
-            "--redirects", "1", "--tee", "1", "--log_dir", logs, "--no_python"]
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={n}",
+            "--master_addr=127.0.0.1", f"--master_port={port}", "--redirects", "1", "--tee", "1",
+            "--log_dir", logs, "--no_python"]
 
 
 def mpirun(n):

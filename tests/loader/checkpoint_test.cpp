@@ -197,6 +197,29 @@ TEST(Checkpoint, StateIsSmallAndReadable) {
   EXPECT_THAT(state, HasSubstr("\"epoch\": 0"));
   EXPECT_THAT(state, HasSubstr("\"position\": 0"));
   EXPECT_THAT(state, HasSubstr("\"size\": 1000000000"));
+  // Inside a later epoch it also holds the shuffle's generator at that epoch's start (so a
+  // resume draws one permutation, not one per earlier epoch), and stays under 4 KB.
+  DataLoader shuffled(std::make_shared<RangeDataset>(100'000),
+                      {.batch_size = 256, .shuffle = true, .seed = 3});
+  shuffled.set_epoch(4);
+  auto it = shuffled.begin();
+  const std::string later = shuffled.state();
+  EXPECT_LT(later.size(), 4096u) << later;
+  EXPECT_THAT(later, HasSubstr("\"mt19937\": \""));
+  EXPECT_THAT(later, HasSubstr("\"epoch\": 4"));
+}
+
+// A sampler resumed from its generator's snapshot draws what a sampler that drew every epoch
+// does, for the snapshot's epoch and the ones after it, and also when asked for earlier ones.
+TEST(Checkpoint, GeneratorSnapshotsContinueExactly) {
+  RandomSampler drawn(1000, 7);
+  for (std::uint64_t e = 0; e < 3; ++e) (void)drawn.indices(e);
+  RandomSampler resumed(1000, 7);
+  resumed.load_state(drawn.state(), 3, 0);
+  RandomSampler reference(1000, 7);
+  for (std::uint64_t e : {3, 4, 5, 1, 2, 6}) {
+    EXPECT_EQ(resumed.indices(e), reference.indices(e)) << "epoch " << e;
+  }
 }
 
 TEST(Checkpoint, OutOfOrderReceiptsAreNotDeliveredAgain) {
@@ -455,6 +478,8 @@ TEST(Checkpoint, BadStatesNameTheFieldAndLeaveTheLoaderAsItWas) {
   expect_refused(edit("\"position\": 3", "\"place\": 3"), "'position' is missing");
   expect_refused(edit("\"received_beyond\": []", "\"received_beyond\": [2]"), "'received_beyond'");
   expect_refused(edit("\"type\": \"random\"", "\"type\": \"sequential\""), "'sampler.type'");
+  expect_refused(edit("\"mt19937\": \"", "\"mt19937\": \"////"), "'sampler.generator");
+  expect_refused(edit("\"mt19937\": \"", "\"mt19937\": \"%"), "'sampler.generator.mt19937'");
   {
     DataLoader other(std::make_shared<RangeDataset>(kSize + 1), options);
     EXPECT_THROW(
