@@ -352,9 +352,9 @@ TEST(DistributedSampler, ReadsRankAndWorldSizeFromTheEnvironment) {
   EXPECT_EQ(from_env.rank(), 2u);
   EXPECT_EQ(from_env.indices(0).front(), 2);
   ::setenv("RANK", "3", 1);
-  EXPECT_THAT(
-      [] { DistributedSampler(30, {}); },
-      ThrowsMessage<ConfigError>(HasSubstr("RANK=3 WORLD_SIZE=3 (torchrun): the rank must be below")));
+  EXPECT_THAT([] { DistributedSampler(30, {}); },
+              ThrowsMessage<ConfigError>(
+                  HasSubstr("RANK=3 WORLD_SIZE=3 (torchrun): the rank must be below")));
   ::setenv("RANK", "two", 1);
   EXPECT_THAT([] { DistributedSampler(30, {}); },
               ThrowsMessage<ConfigError>(HasSubstr("RANK='two'")));
