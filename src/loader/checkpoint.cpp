@@ -68,6 +68,17 @@ OrderedJson totals_of(const LoaderState& s) {
           {"skipped", s.skipped}};
 }
 
+// The fields every state begins with: what it is, who wrote it, the dataset and the seed.
+OrderedJson state_header(const LoaderState& s, OrderedJson dataset) {
+  OrderedJson out;
+  out["format"] = kFormat;
+  out["version"] = kVersion;
+  out["written_by"] = "ferry " FERRY_VERSION;
+  out["dataset"] = std::move(dataset);
+  out["seed"] = *s.options.seed;
+  return out;
+}
+
 // An iterable dataset's state: where each worker's stream stands in what the loop consumed
 // (samples read, the stream's cursor after them, whether it ended), and, in order, whose
 // result comes next. Empty streams: at the start of an epoch.
@@ -90,12 +101,7 @@ std::string stream_state(const LoaderState& s) {
       streams = s.resume->streams;
     }
   }
-  OrderedJson out;
-  out["format"] = kFormat;
-  out["version"] = kVersion;
-  out["written_by"] = "ferry " FERRY_VERSION;
-  out["dataset"] = {{"kind", "iterable"}};
-  out["seed"] = *s.options.seed;
+  OrderedJson out = state_header(s, {{"kind", "iterable"}});
   out["batch_size"] = s.options.batch_size;
   out["drop_last"] = s.options.drop_last;
   out["epoch"] = epoch;
@@ -217,12 +223,7 @@ std::string DataLoader::state() const {
     }
   }
   if (batches == 0) batches = expected_batches(s, epoch);
-  OrderedJson out;
-  out["format"] = kFormat;
-  out["version"] = kVersion;
-  out["written_by"] = "ferry " FERRY_VERSION;
-  out["dataset"] = {{"kind", "map"}, {"size", s.dataset->size()}};
-  out["seed"] = *s.options.seed;
+  OrderedJson out = state_header(s, {{"kind", "map"}, {"size", s.dataset->size()}});
   if (stock_batching(s)) {
     out["batch_size"] = s.batch_sampler->batch_size();
     out["drop_last"] = s.batch_sampler->drop_last();
