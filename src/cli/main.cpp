@@ -1,4 +1,5 @@
-// The ferry command: run, validate and describe YAML pipelines; write the sample dataset.
+// The ferry command: run, validate and describe YAML pipelines; write the sample dataset;
+// preprocess an image dataset into shards.
 // Exit codes: 0 done, 1 a failure (a bad pipeline, a data error), 2 a usage error, 75 stopped
 // by SIGTERM or SIGUSR1 after saving the state of what was consumed (ferry run --save-state).
 
@@ -16,6 +17,9 @@
 #include "ferry/pipeline.h"
 
 #include "cli/run.h"
+#if defined(FERRY_HAS_VISION)
+#include "cli/preprocess.h"
+#endif
 
 namespace {
 
@@ -76,6 +80,14 @@ int describe(const std::string& name) {
     for (const ferry::TypeInfo* info : {&ferry::pipeline_keys(), &ferry::loader_keys()}) {
       std::printf("  %-24s %s\n", info->name.c_str(), info->summary.c_str());
     }
+#if defined(FERRY_HAS_VISION)
+    std::printf(
+        "\nSections of a preprocess file (ferry describe preprocess | preprocess_output):\n");
+    for (const ferry::TypeInfo* info :
+         {&ferry::cli::preprocess_keys(), &ferry::cli::preprocess_output_keys()}) {
+      std::printf("  %-24s %s\n", info->name.c_str(), info->summary.c_str());
+    }
+#endif
     for (const auto& [kind, label] : kKinds) {
       std::printf("\n%ss:\n", label);
       for (const ferry::TypeInfo* info : registry.types(kind)) {
@@ -95,6 +107,16 @@ int describe(const std::string& name) {
     found = true;
   }
   std::vector<std::string> all{"loader", "pipeline"};
+#if defined(FERRY_HAS_VISION)
+  for (const ferry::TypeInfo* info :
+       {&ferry::cli::preprocess_keys(), &ferry::cli::preprocess_output_keys()}) {
+    if (name == info->name) {
+      print_type("section", *info);
+      found = true;
+    }
+    all.push_back(info->name);
+  }
+#endif
   for (const auto& [kind, label] : kKinds) {
     if (const ferry::TypeInfo* info = registry.find(kind, name)) {
       if (found) std::printf("\n");
@@ -245,6 +267,25 @@ int main(int argc, char** argv) {
       "describe", "list the dataset, transform, sampler and collate types, or one type's keys");
   describe_cmd->add_option("type", type_name, "a type name, or loader / pipeline");
 
+#if defined(FERRY_HAS_VISION)
+  ferry::cli::PreprocessOptions pre;
+  auto* pre_cmd = app.add_subcommand(
+      "preprocess",
+      "transform and re-encode an image dataset into WebDataset shards or an image tree, "
+      "resumably, with statistics (ferry describe preprocess lists the file's keys)");
+  pre_cmd->add_option("config", pre.config, "the job's YAML file")->required();
+  pre_cmd->add_option("--set", pre.set, "override a key: key.path=value (repeatable)");
+  pre_cmd->add_option("--json", pre.json, "write the summary as JSON to FILE");
+  pre_cmd->add_option("--rank", pre.rank,
+                      "this process's rank (default: torchrun's, mpirun's or srun's, else 0)");
+  pre_cmd->add_option("--world-size", pre.world_size,
+                      "the ranks that split the parts (default: the launcher's, else 1)");
+  pre_cmd
+      ->add_option("--log-every", pre.log_every,
+                   "seconds between progress lines when not on a terminal")
+      ->check(CLI::Range(0.01, 86400.0));
+#endif
+
   std::string data_dir;
   std::size_t classes = 4;
   std::size_t per_class = 32;
@@ -270,6 +311,9 @@ int main(int argc, char** argv) {
     if (*run_cmd) return ferry::cli::run_pipeline(run);
     if (*validate_cmd) return validate(validate_config, validate_set);
     if (*describe_cmd) return describe(type_name);
+#if defined(FERRY_HAS_VISION)
+    if (*pre_cmd) return ferry::cli::run_preprocess(pre);
+#endif
     if (*sample_cmd) return sample_data(data_dir, classes, per_class, size, seed, force);
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "ferry: error: %s\n", e.what());

@@ -9,11 +9,15 @@
 #include "ferry/error.h"
 #include "ferry/init.h"
 
+#include "config/components.h"
+
 namespace ferry {
 
 namespace {
-
 std::string at(const Config& node) { return node.mark().prefix(); }
+}  // namespace
+
+namespace detail {
 
 // `{random_resized_crop: {size: 224}}` (one key: the type, its options) becomes
 // `{type: random_resized_crop, size: 224}`; other forms pass unchanged.
@@ -57,6 +61,13 @@ Config resolve_paths(Config node, ComponentKind kind, const std::filesystem::pat
   }
   return node;
 }
+
+}  // namespace detail
+
+using detail::normalise_component;
+using detail::resolve_paths;
+
+namespace {
 
 Config with_setting(const Config& node,
                     const std::vector<std::string>& keys,

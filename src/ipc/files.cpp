@@ -28,19 +28,15 @@ namespace {
 
 }  // namespace
 
-void write_file_atomically(const std::filesystem::path& path,
-                           std::string_view text,
-                           std::string_view what) {
-  // Unique per process and call, so two threads saving the same file never share one.
-  static std::atomic<std::uint64_t> calls{0};
-  std::filesystem::path temporary = path;
-  temporary += detail::str(".tmp.", ::getpid(), ".", calls.fetch_add(1));
-  UniqueFd fd(::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (!fd) fail(what, temporary, "creating", errno);
+void write_file_durably(const std::filesystem::path& path,
+                        std::string_view text,
+                        std::string_view what) {
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (!fd) fail(what, path, "creating", errno);
   auto give_up = [&](const char* step) {
     const int error = errno;
     fd.reset();
-    ::unlink(temporary.c_str());
+    ::unlink(path.c_str());
     fail(what, path, step, error);
   };
   std::size_t written = 0;
@@ -51,13 +47,39 @@ void write_file_atomically(const std::filesystem::path& path,
     written += static_cast<std::size_t>(n);
   }
   if (::fsync(fd.get()) != 0) give_up("flushing to disk");
-  fd.reset();
-  if (::rename(temporary.c_str(), path.c_str()) != 0) give_up("renaming into place");
+}
+
+void rename_durably(const std::filesystem::path& from,
+                    const std::filesystem::path& to,
+                    std::string_view what) {
+  if (::rename(from.c_str(), to.c_str()) != 0) {
+    const int error = errno;
+    ::unlink(from.c_str());
+    fail(what, to, "renaming into place", error);
+  }
   // The rename itself reaches the disk with the folder.
-  std::filesystem::path folder = path.parent_path();
+  std::filesystem::path folder = to.parent_path();
   if (folder.empty()) folder = ".";
   UniqueFd dir(::open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (dir) (void)::fsync(dir.get());
+}
+
+void write_file_atomically(const std::filesystem::path& path,
+                           std::string_view text,
+                           std::string_view what,
+                           const std::filesystem::path& temporary) {
+  write_file_durably(temporary, text, what);
+  rename_durably(temporary, path, what);
+}
+
+void write_file_atomically(const std::filesystem::path& path,
+                           std::string_view text,
+                           std::string_view what) {
+  // Unique per process and call, so two threads saving the same file never share one.
+  static std::atomic<std::uint64_t> calls{0};
+  std::filesystem::path temporary = path;
+  temporary += detail::str(".tmp.", ::getpid(), ".", calls.fetch_add(1));
+  write_file_atomically(path, text, what, temporary);
 }
 
 std::string read_file(const std::filesystem::path& path, std::string_view what) {

@@ -517,6 +517,80 @@ torch::Tensor decode_image(std::span<const std::uint8_t> bytes,
   return detail::to_tensor(std::move(image));
 }
 
+ImageFormat parse_image_format(std::string_view name) {
+  if (name == "jpeg" || name == "jpg") return ImageFormat::kJpeg;
+  if (name == "png") return ImageFormat::kPng;
+  if (name == "webp") return ImageFormat::kWebp;
+  throw ConfigError(
+      ferry::detail::str("image format '", name, "': expected one of jpeg, png, webp"));
+}
+
+std::string_view to_string(ImageFormat format) noexcept {
+  switch (format) {
+    case ImageFormat::kPng:
+      return "png";
+    case ImageFormat::kWebp:
+      return "webp";
+    case ImageFormat::kJpeg:
+      break;
+  }
+  return "jpeg";
+}
+
+std::string_view extension_of(ImageFormat format) noexcept {
+  return format == ImageFormat::kJpeg ? "jpg" : to_string(format);
+}
+
+bool can_encode(ImageFormat format) {
+  return cv::haveImageWriter(ferry::detail::str(".", extension_of(format)));
+}
+
+std::vector<std::uint8_t> encode_image(const torch::Tensor& hwc, ImageFormat format, int quality) {
+  FERRY_CHECK(hwc.scalar_type() == torch::kUInt8 && (hwc.dim() == 2 || hwc.dim() == 3),
+              "encode_image: expected an H x W x C uint8 image; got ", hwc.scalar_type(),
+              " of shape ", hwc.sizes(), " (the job writes 8-bit images: leave to_tensor and ",
+              "normalize to the training pipeline)");
+  const torch::Tensor pixels = hwc.contiguous();
+  cv::Mat image = detail::to_mat(pixels);
+  FERRY_CHECK(image.channels() == 1 || image.channels() == 3, "encode_image: ", image.channels(),
+              " channels; JPEG, PNG and WebP are written ", "from 1 (gray) or 3 (RGB)");
+  cv::Mat bgr;
+  if (image.channels() == 3) {
+    cv::cvtColor(image, bgr, cv::COLOR_RGB2BGR);
+  } else {
+    bgr = image;
+  }
+  std::vector<int> params;
+  const char* ext = ".jpg";
+  switch (format) {
+    case ImageFormat::kJpeg:
+      FERRY_CHECK(quality >= 1 && quality <= 100, "JPEG quality must be in [1, 100]; got ",
+                  quality);
+      params = {cv::IMWRITE_JPEG_QUALITY, quality};
+      break;
+    case ImageFormat::kPng:
+      ext = ".png";
+      params = {cv::IMWRITE_PNG_COMPRESSION, 6};  // Pillow's and zlib's default level
+      break;
+    case ImageFormat::kWebp:
+      FERRY_CHECK(quality >= 1 && quality <= 100, "WebP quality must be in [1, 100]; got ",
+                  quality);
+      ext = ".webp";
+      params = {cv::IMWRITE_WEBP_QUALITY, quality};
+      break;
+  }
+  if (!cv::haveImageWriter(ext)) {
+    throw Error(ferry::detail::str("this OpenCV cannot write ", to_string(format),
+                                   " images; choose jpeg or png"));
+  }
+  std::vector<std::uint8_t> out;
+  if (!cv::imencode(ext, bgr, out, params)) {
+    throw DataError(ferry::detail::str("encoding a ", image.cols, "x", image.rows, " image as ",
+                                       to_string(format), " failed"));
+  }
+  return out;
+}
+
 torch::Tensor read_file(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw DataError(ferry::detail::str("cannot open ", path, ": ", std::strerror(errno)));

@@ -130,6 +130,70 @@ void register_vision_types(Registry& r) {
         return std::make_shared<ImageList>(a.get<std::string>("file"), image_options(a));
       });
 
+  const auto webdataset_keys = [&](bool stream) {
+    std::vector<KeySpec> keys{
+        {.name = "shards",
+         .type = ValueType::kString,
+         .required = true,
+         .help = "a .tar file, a folder of them, or a brace pattern as "
+                 "train-{000000..000099}.tar",
+         .is_path = true},
+        {.name = "label",
+         .type = ValueType::kString,
+         .default_value = "cls",
+         .help = "the extension of the member holding the integer label; '': no label"},
+        mode_key(),
+        max_pixels_key(),
+        decode_key};
+    if (!stream) {
+      keys.push_back({.name = "use_index",
+                      .type = ValueType::kBool,
+                      .default_value = true,
+                      .help = "read <shard>.idx (DALI's v1.2 index) when present; false: list "
+                              "the shard's headers"});
+    } else {
+      keys.push_back({.name = "rank",
+                      .type = ValueType::kInt,
+                      .help = "this process's rank (default: the launcher's, else 0)",
+                      .min = 0});
+      keys.push_back({.name = "world_size",
+                      .type = ValueType::kInt,
+                      .help = "the ranks that split the shards (default: the launcher's, else 1)",
+                      .min = 1});
+    }
+    return keys;
+  };
+  const auto webdataset_options = [](const Args& a, WebDatasetOptions& o) {
+    static_cast<ImageDatasetOptions&>(o) = image_options(a);
+    o.label_extension = a.get<std::string>("label");
+  };
+  r.add_dataset({.name = "webdataset",
+                 .summary = "WebDataset tar shards, map-style through each shard's index: "
+                            "<key>.jpg/.png/.webp and <key>.cls; fields image, label, key, index",
+                 .keys = webdataset_keys(false),
+                 .builtin = true},
+                [webdataset_options](const Args& a) {
+                  WebDatasetOptions o;
+                  webdataset_options(a, o);
+                  o.use_index = a.get<bool>("use_index");
+                  return std::make_shared<WebDataset>(expand_shards(a.get<std::string>("shards")),
+                                                      std::move(o));
+                });
+  r.add_iterable_dataset(
+      {.name = "webdataset_stream",
+       .summary = "WebDataset tar shards read front to back, split over ranks then workers "
+                  "(shards[rank::world][worker::workers]); fields image, label, key, index",
+       .keys = webdataset_keys(true),
+       .builtin = true},
+      [webdataset_options](const Args& a) {
+        WebDatasetStream::Options o;
+        webdataset_options(a, o);
+        if (a.has("rank")) o.rank = a.get<std::size_t>("rank");
+        if (a.has("world_size")) o.world_size = a.get<std::size_t>("world_size");
+        return std::make_shared<WebDatasetStream>(expand_shards(a.get<std::string>("shards")),
+                                                  std::move(o));
+      });
+
   r.add_transform({.name = "decode",
                    .summary = "decodes the file in 'image' (lazily: the next crop or resize "
                               "decodes only what it needs)",

@@ -4,6 +4,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <torch/types.h>
 
@@ -45,6 +46,22 @@ ImageInfo probe_image(std::span<const std::uint8_t> bytes);
 torch::Tensor decode_image(std::span<const std::uint8_t> bytes,
                            ImageMode mode = ImageMode::kRGB,
                            std::int64_t max_pixels = kDefaultMaxPixels);
+
+/// The formats encode_image writes.
+enum class ImageFormat { kJpeg, kPng, kWebp };
+/// "jpeg" (or "jpg"), "png" or "webp"; throws ConfigError naming the choices otherwise.
+ImageFormat parse_image_format(std::string_view name);
+std::string_view to_string(ImageFormat format) noexcept;
+/// The file extension WebDataset and image trees use: "jpg", "png", "webp".
+std::string_view extension_of(ImageFormat format) noexcept;
+
+/// Encodes an H x W x C (C = 1 or 3, RGB order) or H x W uint8 tensor. `quality` is JPEG's and
+/// WebP's (1..100; WebP at 100 is lossless); PNG is lossless and takes none. The bytes are the
+/// same on every run for the same pixels. Throws ferry::DataError when the encoder fails, and
+/// ferry::Error when this OpenCV cannot write the format.
+std::vector<std::uint8_t> encode_image(const torch::Tensor& hwc, ImageFormat format, int quality);
+/// Whether this build's OpenCV writes `format` (JPEG and PNG always; WebP when built with it).
+bool can_encode(ImageFormat format);
 
 /// The bytes of a file, as a 1-D uint8 tensor (how image datasets hand an encoded file to the
 /// transforms). Throws ferry::DataError naming the path and the system's reason.

@@ -1,0 +1,424 @@
+#include "ferry/vision/webdataset.h"
+
+#include <algorithm>
+#include <charconv>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <system_error>
+
+#include <opencv2/core.hpp>
+
+#include "ferry/error.h"
+#include "ferry/launch.h"
+#include "ferry/vision/transforms.h"
+
+#include "datasets/tar.h"
+#include "transforms/image_state.h"
+
+namespace ferry::vision {
+
+namespace fs = std::filesystem;
+using ferry::detail::str;
+using Sample = WebDataset::Sample;
+
+// ---- shard lists ----
+
+std::vector<std::string> expand_shards(const std::string& spec) {
+  const std::size_t open = spec.find('{');
+  if (open != std::string::npos) {
+    const std::size_t close = spec.find('}', open);
+    const std::size_t dots = spec.find("..", open);
+    if (close == std::string::npos || dots == std::string::npos || dots > close) {
+      throw DataError(str("shards '", spec, "': a brace pattern is {FIRST..LAST}, as in ",
+                          "train-{000000..000099}.tar"));
+    }
+    const std::string first = spec.substr(open + 1, dots - open - 1);
+    const std::string last = spec.substr(dots + 2, close - dots - 2);
+    std::uint64_t a = 0;
+    std::uint64_t b = 0;
+    const auto pa = std::from_chars(first.data(), first.data() + first.size(), a);
+    const auto pb = std::from_chars(last.data(), last.data() + last.size(), b);
+    if (first.empty() || last.empty() || pa.ec != std::errc() ||
+        pa.ptr != first.data() + first.size() || pb.ec != std::errc() ||
+        pb.ptr != last.data() + last.size() || b < a) {
+      throw DataError(str("shards '", spec, "': {", first, "..", last,
+                          "} is not a range of numbers FIRST <= LAST"));
+    }
+    if (b - a >= 10'000'000) {
+      throw DataError(str("shards '", spec, "': ", b - a + 1, " shards; at most 10 million"));
+    }
+    std::vector<std::string> out;
+    const std::string head = spec.substr(0, open);
+    for (std::uint64_t n = a; n <= b; ++n) {
+      std::string number = std::to_string(n);
+      if (number.size() < first.size()) number.insert(0, first.size() - number.size(), '0');
+      for (std::string rest : expand_shards(spec.substr(close + 1) + "\x01")) {
+        rest.pop_back();
+        out.push_back(head + number + rest);
+      }
+    }
+    return out;
+  }
+  if (!spec.empty() && spec.back() == '\x01') return {spec};  // the tail of a pattern
+  std::error_code ec;
+  if (fs::is_directory(spec, ec)) {
+    std::vector<std::string> out;
+    for (const auto& entry : fs::directory_iterator(spec, ec)) {
+      if (entry.path().extension() == ".tar" && !entry.is_directory(ec)) {
+        out.push_back(entry.path().string());
+      }
+    }
+    if (ec) throw DataError(str("shards ", spec, ": cannot list the folder: ", ec.message()));
+    std::sort(out.begin(), out.end());
+    if (out.empty()) throw DataError(str("shards ", spec, ": the folder holds no .tar file"));
+    return out;
+  }
+  return {spec};
+}
+
+namespace {
+
+// The samples of one shard, from its index when asked and present, else from its headers.
+std::vector<Sample> read_shard(const std::string& shard, std::uint32_t ordinal, bool use_index) {
+  std::error_code ec;
+  const auto size = fs::file_size(shard, ec);
+  if (ec) throw DataError(str("shard ", shard, ": ", ec.message()));
+  const std::string index_path = shard + ".idx";
+  std::vector<Sample> samples;
+  if (use_index && fs::exists(index_path, ec)) {
+    std::ifstream in(index_path);
+    std::string version;
+    std::size_t count = 0;
+    in >> version >> count;
+    if (!in || version != "v1.2") {
+      throw DataError(str(index_path, ": not a v1.2 WebDataset index (first line 'v1.2 N'); ",
+                          "delete it to list the shard instead"));
+    }
+    std::string line;
+    std::getline(in, line);
+    while (std::getline(in, line)) {
+      if (line.empty()) continue;
+      std::istringstream fields(line);
+      Sample sample{ordinal, {}, {}};
+      std::string ext;
+      std::uint64_t offset = 0;
+      std::uint64_t length = 0;
+      std::string name;
+      while (fields >> ext >> offset >> length >> name) {
+        if (offset > size || length > size - offset) {
+          throw DataError(str(index_path, ": member ", name, " (", length, " bytes at ", offset,
+                              ") lies past the end of ", shard, " (", size,
+                              " bytes): the index is stale or the shard truncated; delete the ",
+                              "index to list the shard instead"));
+        }
+        if (sample.key.empty()) {
+          const auto split = vision::detail::split_key(name);
+          sample.key = split ? split->first : name;
+        }
+        sample.fields.push_back({ext, offset, length});
+      }
+      if (sample.fields.empty()) throw DataError(str(index_path, ": malformed line '", line, "'"));
+      samples.push_back(std::move(sample));
+    }
+    if (samples.size() != count) {
+      throw DataError(str(index_path, ": its header says ", count, " samples but it lists ",
+                          samples.size(), "; delete it to list the shard instead"));
+    }
+    return samples;
+  }
+  for (const auto& member : vision::detail::list_tar(shard)) {
+    auto split = vision::detail::split_key(member.name);
+    if (!split) continue;  // no key: WebDataset passes such members over too
+    if (samples.empty() || samples.back().key != split->first) {
+      samples.push_back(Sample{ordinal, std::move(split->first), {}});
+    }
+    samples.back().fields.push_back({std::move(split->second), member.data_offset, member.size});
+  }
+  return samples;
+}
+
+torch::Tensor read_member(const vision::detail::TarReader& reader,
+                          std::uint64_t offset,
+                          std::uint64_t size) {
+  torch::Tensor bytes = torch::empty({static_cast<std::int64_t>(size)}, torch::kUInt8);
+  reader.read(offset, size, bytes.data_ptr<std::uint8_t>());
+  return bytes;
+}
+
+std::int64_t parse_label(const torch::Tensor& bytes, const std::string& where) {
+  const auto* p = reinterpret_cast<const char*>(bytes.data_ptr<std::uint8_t>());
+  std::string_view text(p, static_cast<std::size_t>(bytes.numel()));
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) {
+    text.remove_suffix(1);
+  }
+  while (!text.empty() && std::isspace(static_cast<unsigned char>(text.front()))) {
+    text.remove_prefix(1);
+  }
+  std::int64_t label = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), label);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size()) {
+    throw DataError(str(where, ": the label '", text.substr(0, 40), "' is not an integer"));
+  }
+  return label;
+}
+
+// A sample's fields to an Example: the image decoded and transformed as image datasets do.
+Example make_example(const WebDatasetOptions& options,
+                     const std::shared_ptr<const Compose>& pipeline,
+                     torch::Tensor image,
+                     std::optional<torch::Tensor> label,
+                     const std::string& key,
+                     std::int64_t index,
+                     const std::string& where,
+                     SampleContext& ctx) {
+  try {
+    Example example{{"image", image}};
+    if (!options.label_extension.empty()) {
+      if (!label) {
+        throw DataError(str("no .", options.label_extension, " member (set label: '' for ",
+                            "shards without labels)"));
+      }
+      example.set("label", parse_label(*label, where));
+    }
+    example.set("key", key);
+    example.set("index", index);
+    vision::detail::ImageState state =
+        vision::detail::ImageState::encoded(std::move(image), options.mode, options.max_pixels);
+    if (pipeline) return pipeline->run(std::move(example), state, ctx);
+    if (options.decode) example.set("image", state.to_field());
+    return example;
+  } catch (const DataError& e) {
+    throw DataError(str(where, ": ", e.what()));
+  } catch (const cv::Exception& e) {
+    throw DataError(str(where, ": OpenCV: ", e.what()));
+  }
+}
+
+const WebDataset::Field* find_image(const Sample& sample, const WebDatasetOptions& options) {
+  for (const std::string& ext : options.image_extensions) {
+    for (const auto& field : sample.fields) {
+      if (field.extension == ext) return &field;
+    }
+  }
+  return nullptr;
+}
+
+std::string image_choices(const WebDatasetOptions& options) {
+  std::string s;
+  for (const auto& e : options.image_extensions) s += (s.empty() ? "" : ", ") + e;
+  return s;
+}
+
+}  // namespace
+
+// ---- WebDataset ----
+
+WebDataset::WebDataset(std::vector<std::string> shards, WebDatasetOptions options)
+    : shards_(std::move(shards)), options_(std::move(options)) {
+  FERRY_CHECK(!shards_.empty(), "WebDataset: no shard given");
+  FERRY_CHECK(shards_.size() < (std::size_t{1} << 32), "WebDataset: too many shards");
+  for (std::size_t s = 0; s < shards_.size(); ++s) {
+    auto samples = read_shard(shards_[s], static_cast<std::uint32_t>(s), options_.use_index);
+    samples_.insert(samples_.end(), std::make_move_iterator(samples.begin()),
+                    std::make_move_iterator(samples.end()));
+  }
+  if (!options_.transforms.empty()) {
+    pipeline_ = std::make_shared<const Compose>(options_.transforms);
+  }
+}
+
+torch::Tensor WebDataset::read_field(std::size_t index, const std::string& extension) const {
+  FERRY_CHECK(index < samples_.size(), "WebDataset: index ", index, " is out of range (",
+              samples_.size(), " samples)");
+  const Sample& sample = samples_[index];
+  for (const auto& field : sample.fields) {
+    if (field.extension == extension) {
+      return read_member(vision::detail::TarReader(shards_[sample.shard]), field.offset,
+                         field.size);
+    }
+  }
+  throw DataError(str("WebDataset sample ", index, " (", shards_[sample.shard], " key ", sample.key,
+                      "): no .", extension, " member"));
+}
+
+Example WebDataset::get(std::size_t index, SampleContext& ctx) const {
+  FERRY_CHECK(index < samples_.size(), "WebDataset: index ", index, " is out of range (",
+              samples_.size(), " samples)");
+  const Sample& sample = samples_[index];
+  const std::string where =
+      str("WebDataset sample ", index, " (", shards_[sample.shard], " key ", sample.key, ")");
+  const Field* image = find_image(sample, options_);
+  if (image == nullptr) {
+    throw DataError(str(where, ": no image member (tried ", image_choices(options_), ")"));
+  }
+  const vision::detail::TarReader reader(shards_[sample.shard]);
+  std::optional<torch::Tensor> label;
+  for (const auto& field : sample.fields) {
+    if (field.extension == options_.label_extension) {
+      label = read_member(reader, field.offset, field.size);
+    }
+  }
+  return make_example(options_, pipeline_, read_member(reader, image->offset, image->size), label,
+                      sample.key, static_cast<std::int64_t>(index), where, ctx);
+}
+
+std::shared_ptr<Dataset> WebDataset::with_transforms(const TransformList& transforms) const {
+  auto copy = std::make_shared<WebDataset>(*this);
+  copy->clear_spec();
+  copy->options_.transforms.insert(copy->options_.transforms.end(), transforms.begin(),
+                                   transforms.end());
+  copy->pipeline_ = std::make_shared<const Compose>(copy->options_.transforms);
+  return copy;
+}
+
+// ---- WebDatasetStream ----
+
+namespace {
+
+class ShardStream : public ExampleStream {
+ public:
+  ShardStream(std::vector<std::string> shards,
+              WebDatasetStream::Options options,
+              std::shared_ptr<const Compose> pipeline)
+      : shards_(std::move(shards)), options_(std::move(options)), pipeline_(std::move(pipeline)) {}
+
+  std::optional<Example> next(SampleContext& ctx) override {
+    while (shard_ < shards_.size()) {
+      if (!reader_) {
+        reader_.emplace(shards_[shard_]);
+        reader_->seek(start_offset_);
+        start_offset_ = 0;
+        pending_.reset();
+      }
+      // The members of one key, in order; the first member of the next key waits in pending_.
+      std::optional<vision::detail::TarMember> first =
+          pending_ ? std::move(pending_) : next_keyed();
+      pending_.reset();
+      if (!first) {
+        reader_.reset();
+        ++shard_;
+        continue;
+      }
+      const std::string key = vision::detail::split_key(first->name)->first;
+      std::vector<std::pair<std::string, vision::detail::TarMember>> members;
+      members.emplace_back(vision::detail::split_key(first->name)->second, *first);
+      while (auto m = next_keyed()) {
+        auto split = vision::detail::split_key(m->name);
+        if (split->first != key) {
+          pending_ = std::move(m);
+          break;
+        }
+        members.emplace_back(std::move(split->second), std::move(*m));
+      }
+      next_offset_ = pending_ ? pending_->header_offset : reader_->offset();
+      const std::string where = str("WebDataset stream ", shards_[shard_], " key ", key);
+      const vision::detail::TarMember* image = nullptr;
+      for (const std::string& ext : options_.image_extensions) {
+        for (const auto& [e, m] : members) {
+          if (image == nullptr && e == ext) image = &m;
+        }
+      }
+      if (image == nullptr) {
+        throw DataError(str(where, ": no image member (tried ", image_choices(options_), ")"));
+      }
+      std::optional<torch::Tensor> label;
+      for (const auto& [e, m] : members) {
+        if (e == options_.label_extension) label = read_member(*reader_, m.data_offset, m.size);
+      }
+      return make_example(options_, pipeline_,
+                          read_member(*reader_, image->data_offset, image->size), label, key,
+                          ctx.index(), where, ctx);
+    }
+    return std::nullopt;
+  }
+
+  // "<shard position in this worker's list>:<offset of the next sample's first header>".
+  std::optional<std::string> cursor() const override {
+    if (shard_ >= shards_.size()) return str(shard_, ":0");
+    return str(shard_, ":", reader_ ? next_offset_ : start_offset_);
+  }
+
+  void seek(const std::string& cursor) override {
+    std::size_t shard = 0;
+    std::uint64_t offset = 0;
+    const std::size_t colon = cursor.find(':');
+    const auto a = std::from_chars(cursor.data(), cursor.data() + colon, shard);
+    const auto b =
+        colon == std::string::npos
+            ? std::from_chars_result{cursor.data(), std::errc::invalid_argument}
+            : std::from_chars(cursor.data() + colon + 1, cursor.data() + cursor.size(), offset);
+    if (a.ec != std::errc() || b.ec != std::errc() || b.ptr != cursor.data() + cursor.size() ||
+        shard > shards_.size()) {
+      throw Error(str("WebDataset stream: cursor '", cursor, "' is not one of this worker's (",
+                      shards_.size(), " shards); was the checkpoint made with other shards?"));
+    }
+    shard_ = shard;
+    start_offset_ = offset;
+    reader_.reset();
+    pending_.reset();
+  }
+
+ private:
+  std::optional<vision::detail::TarMember> next_keyed() {
+    while (auto m = reader_->next()) {
+      if (vision::detail::split_key(m->name)) return m;
+    }
+    return std::nullopt;
+  }
+
+  std::vector<std::string> shards_;
+  WebDatasetStream::Options options_;
+  std::shared_ptr<const Compose> pipeline_;
+  std::size_t shard_ = 0;
+  std::uint64_t start_offset_ = 0;  // where the current shard is entered
+  std::uint64_t next_offset_ = 0;   // the header of the sample after the last one returned
+  std::optional<vision::detail::TarReader> reader_;
+  std::optional<vision::detail::TarMember> pending_;
+};
+
+}  // namespace
+
+WebDatasetStream::WebDatasetStream(std::vector<std::string> shards, Options options)
+    : options_(std::move(options)) {
+  FERRY_CHECK(!shards.empty(), "WebDatasetStream: no shard given");
+  if (!options_.rank || !options_.world_size) {
+    const std::optional<LaunchInfo> launch = launch_info();
+    if (!options_.rank) options_.rank = launch ? launch->rank : 0;
+    if (!options_.world_size) options_.world_size = launch ? launch->world_size : 1;
+  }
+  FERRY_CHECK(*options_.world_size >= 1 && *options_.rank < *options_.world_size,
+              "WebDatasetStream: rank ", *options_.rank, " is outside world size ",
+              *options_.world_size);
+  for (std::size_t i = *options_.rank; i < shards.size(); i += *options_.world_size) {
+    mine_.push_back(shards[i]);
+  }
+  if (mine_.empty()) {
+    TORCH_WARN("WebDatasetStream: rank ", *options_.rank, " of ", *options_.world_size,
+               " gets no shard (there are ", shards.size(), "); its epochs are empty");
+  }
+  if (!options_.transforms.empty()) {
+    pipeline_ = std::make_shared<const Compose>(options_.transforms);
+  }
+  std::size_t total = 0;
+  std::error_code ec;
+  for (const std::string& shard : mine_) {
+    std::ifstream in(shard + ".idx");
+    std::string version;
+    std::size_t count = 0;
+    if (!options_.use_index || !(in >> version >> count) || version != "v1.2") return;
+    total += count;
+  }
+  size_hint_ = total;
+}
+
+std::unique_ptr<ExampleStream> WebDatasetStream::stream(SampleContext& ctx) const {
+  std::vector<std::string> shards;
+  for (std::size_t i = ctx.worker_id(); i < mine_.size();
+       i += std::max<std::size_t>(1, ctx.num_workers())) {
+    shards.push_back(mine_[i]);
+  }
+  return std::make_unique<ShardStream>(std::move(shards), options_, pipeline_);
+}
+
+}  // namespace ferry::vision
