@@ -141,6 +141,13 @@ int describe(const std::string& name) {
 }
 
 int validate(const std::string& config, const std::vector<std::string>& set) {
+#if defined(FERRY_HAS_VISION)
+  // A preprocess job (input and output, no dataset) is checked as one.
+  const ferry::Config root = ferry::read_yaml(config);
+  if (root.is_map() && root.find("dataset") == nullptr && root.find("input") != nullptr) {
+    return ferry::cli::validate_preprocess(config, set);
+  }
+#endif
   const ferry::Pipeline pipeline = ferry::read_pipeline(config, {.set = set});
   std::string size = "a stream";
   if (const auto* map = std::get_if<std::shared_ptr<ferry::Dataset>>(&pipeline.dataset)) {

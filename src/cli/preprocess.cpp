@@ -337,9 +337,12 @@ Job read_job(const PreprocessOptions& options) {
   }
   for (const std::string& name : job.names) items_hash = fnv1a(items_hash, name + "\n");
 
+  // What the output's bytes depend on: not where it is, nor how many workers make it.
+  Config output_settings = output;
+  output_settings.erase("path");
   job.settings = {{"input", to_yaml(resolved_input)},
                   {"transforms", to_yaml(resolved_transforms)},
-                  {"output", to_yaml(output)},
+                  {"output", to_yaml(output_settings)},
                   {"on_error", args.get<std::string>("on_error")},
                   {"shuffle_seed", job.shuffle_seed ? json(*job.shuffle_seed) : json(nullptr)},
                   {"inputs", n},
@@ -965,6 +968,18 @@ json statistics(const Job& job, const std::map<std::size_t, Record>& records) {
           {"files", job.shards ? files : json(files.size())}};
 }
 
+std::string indent(const std::string& yaml) {
+  std::string out;
+  std::size_t start = 0;
+  while (start < yaml.size()) {
+    std::size_t end = yaml.find('\n', start);
+    if (end == std::string::npos) end = yaml.size();
+    out += "  " + yaml.substr(start, end - start) + "\n";
+    start = end + 1;
+  }
+  return out;
+}
+
 }  // namespace
 
 const TypeInfo& preprocess_output_keys() { return output_keys(); }
@@ -1011,6 +1026,29 @@ const TypeInfo& preprocess_keys() {
            .choices = {"skip", "stop"}},
       }};
   return info;
+}
+
+int validate_preprocess(const std::string& config, const std::vector<std::string>& set) {
+  PreprocessOptions options;
+  options.config = config;
+  options.set = set;
+  const Job job = read_job(options);
+  const std::size_t n = job.names.size();
+  const std::string parts =
+      job.shard_bytes
+          ? str("shards of at most ", *job.shard_bytes, " bytes")
+          : str((n + job.part_size - 1) / job.part_size, job.shards ? " shards" : " parts", " of ",
+                job.part_size, job.shards ? " samples" : " images");
+  std::printf("# %s: valid preprocess job (%zu inputs -> %s, %s)\n", config.c_str(), n,
+              job.out.c_str(), parts.c_str());
+  std::printf("input:\n%s", indent(job.settings["input"].get<std::string>()).c_str());
+  std::printf("transforms:\n%s", indent(job.settings["transforms"].get<std::string>()).c_str());
+  std::printf("output:\n%s", indent(job.settings["output"].get<std::string>()).c_str());
+  std::printf("workers: %zu\nbatch_size: %zu\non_error: %s\n", job.workers, job.batch_size,
+              job.stop_on_error ? "stop" : "skip");
+  if (job.shuffle_seed)
+    std::printf("shuffle_seed: %llu\n", static_cast<unsigned long long>(*job.shuffle_seed));
+  return 0;
 }
 
 // ---- the job ----
@@ -1096,11 +1134,10 @@ int run_preprocess(const PreprocessOptions& options) {
   std::uint64_t skipped = 0;
   const fs::path state_dir = job.out / kStateDir;
   if (!positions.empty()) {
-    DataLoaderOptions loader_options{.batch_size = job.batch_size,
-                                     .num_workers = job.workers,
-                                     .in_order = true,
-                                     .seed = 0,
-                                     .start_method = StartMethod::kFork};
+    DataLoaderOptions loader_options{
+        .batch_size = job.batch_size, .num_workers = job.workers, .in_order = true, .seed = 0};
+    // The job's dataset is built here, not from the registry: workers are forked copies.
+    if (job.workers > 0) loader_options.start_method = StartMethod::kFork;
     DataLoader loader(std::make_shared<EncodeDataset>(job), loader_options,
                       std::make_shared<ListSampler>(positions), collate_encoded);
     std::size_t next_todo = 0;

@@ -28,6 +28,10 @@ struct PreprocessOptions {
 // Returns the exit code; throws ferry::Error (ConfigError for the file) for a failure.
 int run_preprocess(const PreprocessOptions& options);
 
+// Checks a preprocess file (its input listed, its transforms built) and prints what the job
+// would write, as `ferry validate` does for pipelines.
+int validate_preprocess(const std::string& config, const std::vector<std::string>& set);
+
 // The keys of a preprocess file and of its `output` section (`ferry describe preprocess`).
 const TypeInfo& preprocess_keys();
 const TypeInfo& preprocess_output_keys();
