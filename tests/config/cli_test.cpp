@@ -202,25 +202,38 @@ TEST_F(Cli, SigtermSavesTheStateAndResumeContinuesExactly) {
 }
 
 TEST_F(Cli, ValidateAcceptsEveryBundledConfig) {
+  // configs/preprocess.yaml runs as it is, and writes the shards webdataset-train.yaml reads.
+  const std::string shards = "FERRY_PREPROCESS_OUT='" + (dir_ / "shards").string() + "'";
+  const Result pre = run_ferry("preprocess " + config("preprocess.yaml"), shards);
+  ASSERT_EQ(pre.code, 0) << pre.err;
+  EXPECT_THAT(pre.out, HasSubstr("complete"));
   std::size_t checked = 0;
   for (const auto& entry : fs::directory_iterator(fs::path(FERRY_SOURCE_DIR) / "configs")) {
     if (entry.path().extension() != ".yaml") continue;
-    std::string env;
-    if (entry.path().filename().string().find("gpu") != std::string::npos && !at::hasCUDA()) {
+    const std::string name = entry.path().filename().string();
+    std::string env = shards;
+    if (name.find("gpu") != std::string::npos && !at::hasCUDA()) {
       // Without CUDA the GPU pipeline is refused with the reason; on the CPU it is valid.
       const Result refused = run_ferry("validate " + entry.path().string());
       EXPECT_EQ(refused.code, 1) << entry.path();
       EXPECT_THAT(refused.err, HasSubstr("device=cuda needs CUDA")) << entry.path();
-      env = "FERRY_DEVICE=cpu";
+      env += " FERRY_DEVICE=cpu";
     }
     const Result r = run_ferry("validate " + entry.path().string(), env);
     EXPECT_EQ(r.code, 0) << entry.path() << ": " << r.err;
-    EXPECT_THAT(r.out, AllOf(HasSubstr(": valid (24 samples"), HasSubstr("dataset:"),
-                             HasSubstr("type: image_folder"), HasSubstr("loader:")))
-        << entry.path();
+    if (name == "preprocess.yaml") {
+      EXPECT_THAT(r.out, AllOf(HasSubstr("valid preprocess job (24 inputs"),
+                               HasSubstr("type: image_folder"), HasSubstr("output:")));
+    } else {
+      EXPECT_THAT(r.out, AllOf(HasSubstr(": valid (24 samples"), HasSubstr("dataset:"),
+                               HasSubstr(name == "webdataset-train.yaml" ? "type: webdataset"
+                                                                         : "type: image_folder"),
+                               HasSubstr("loader:")))
+          << entry.path();
+    }
     ++checked;
   }
-  EXPECT_GE(checked, 4u);
+  EXPECT_GE(checked, 6u);
 }
 
 TEST_F(Cli, DescribeListsTypesAndShowsOnesKeys) {

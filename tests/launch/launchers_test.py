@@ -9,6 +9,8 @@
 2. The same job, saving its state every two batches, is killed with SIGKILL mid-epoch and resumed
    at world size 2 from the checkpoint every rank had reached: across all ranks, the rest of the
    epoch is delivered exactly once.
+3. `ferry preprocess` under `mpirun -np 3` and torchrun with 3 ranks: each rank writes its own
+   shards into the shared folder, and the union is byte for byte what one process writes.
 
 Usage: launchers_test.py FERRY_BINARY
 """
@@ -101,6 +103,39 @@ def run(command, env=None, **kwargs):
     return result
 
 
+def snapshot(folder):
+    files = {}
+    for root, _, names in os.walk(folder):
+        for name in names:
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                files[os.path.relpath(path, folder)] = f.read()
+    return files
+
+
+def preprocess_under_launchers(ferry, folder, env):
+    data = os.path.join(folder, "images")
+    run([ferry, "sample-data", data, "--per-class", "8", "--size", "80x60"], env)
+    job = os.path.join(folder, "preprocess.yaml")
+    with open(job, "w") as f:
+        f.write(f"input: {{image_folder: {{root: {data}}}}}\n"
+                "transforms: [{resize: {size: 48}}, {center_crop: {size: 40}}]\n"
+                'output: {path: "${OUT}", shard_samples: 3}\nworkers: 1\n')
+    outputs = {}
+    for name, launcher in (("one", []), ("mpirun", mpirun(3)), ("torchrun", torchrun(3, folder))):
+        out = os.path.join(folder, "pre-" + name)
+        run(launcher + [ferry, "preprocess", job], dict(env, OUT=out))
+        outputs[name] = snapshot(out)
+    one = outputs["one"]
+    shards = sorted(n for n in one if n.endswith(".tar"))
+    assert len(shards) == 11 and "stats.json" in one, sorted(one)
+    for name in ("mpirun", "torchrun"):
+        assert sorted(outputs[name]) == sorted(one), f"{name}: other files than one process wrote"
+        differ = [n for n in one if outputs[name][n] != one[n]]
+        assert not differ, f"{name}: {differ} differ from one process's"
+        print(f"preprocess under {name} with 3 ranks: {len(shards)} shards, identical to one process")
+
+
 def main():
     ferry = os.path.abspath(sys.argv[1])
     if shutil.which("mpirun") is None:
@@ -113,6 +148,7 @@ def main():
         env.pop(stale, None)
     env["OMP_NUM_THREADS"] = "1"
     try:
+        preprocess_under_launchers(ferry, folder, env)
         fast = config(folder, 0)
         for name, launcher in (("torchrun", torchrun(4, folder)), ("mpirun", mpirun(4))):
             dump = os.path.join(folder, name + "-{rank}.jsonl")
