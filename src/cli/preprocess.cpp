@@ -24,6 +24,7 @@
 #include <set>
 #include <span>
 #include <thread>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "ferry/error.h"
@@ -336,6 +337,29 @@ Job read_job(const PreprocessOptions& options) {
     }
   }
   for (const std::string& name : job.names) items_hash = fnv1a(items_hash, name + "\n");
+  if (const auto* folder = dynamic_cast<const vision::ImageFolder*>(job.input.get())) {
+    const fs::path root = fs::absolute(folder->root()).lexically_normal();
+    const fs::path rel = job.out.lexically_relative(root);
+    if (!rel.empty() && *rel.begin() != "..") {
+      throw ConfigError(str(at(*output_node), "output.path ", job.out.string(),
+                            " lies inside the input folder ", root.string(),
+                            ": the next run would read its own output; write it elsewhere"));
+    }
+  }
+  if (!job.shards) {
+    // Two inputs that differ only in their extension would land on one file.
+    std::unordered_map<std::string, std::size_t> seen;
+    for (std::size_t i = 0; i < job.names.size(); ++i) {
+      fs::path p(job.names[i]);
+      p.replace_extension(std::string(".") + std::string(vision::extension_of(job.image_format)));
+      const auto [it, fresh] = seen.emplace(p.string(), i);
+      if (!fresh) {
+        throw ConfigError(str(at(*output_node), "output: inputs ", job.names[it->second], " and ",
+                              job.names[i], " would both be written as ", p.string(),
+                              "; use format: shards, or rename one of them"));
+      }
+    }
+  }
 
   // What the output's bytes depend on: not where it is, nor how many workers make it.
   Config output_settings = output;

@@ -321,6 +321,38 @@ TEST_F(Preprocess, ImageTreeMirrorsTheInputAndResumes) {
   }
 }
 
+// Shards as the input of another job (WebP into a tree, when this OpenCV writes WebP).
+TEST_F(Preprocess, ShardsAreAnInputAndWebPAnOutput) {
+  ASSERT_EQ(run_ferry("preprocess '" + job("shards").string() + "'").code, 0);
+  const bool webp = ferry::vision::can_encode(ferry::vision::ImageFormat::kWebp);
+  const fs::path file = dir_ / "again.yaml";
+  std::ofstream(file) << "input: {webdataset: {shards: shards}}\n"
+                      << "transforms: [{resize: {size: 32}}]\n"
+                      << "output: {path: again, format: tree, image_format: "
+                      << (webp ? "webp" : "png") << ", quality: 80}\nworkers: 2\n";
+  const Result r = run_ferry("preprocess '" + file.string() + "'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string ext = webp ? ".webp" : ".png";
+  const ferry::vision::WebDataset shards(ferry::vision::expand_shards((dir_ / "shards").string()));
+  for (const auto& sample : shards.samples()) {
+    const fs::path written = dir_ / "again" / (sample.key + ext);
+    ASSERT_TRUE(fs::exists(written)) << written;
+    const std::string bytes = slurp(written);
+    const torch::Tensor image = ferry::vision::decode_image(
+        {reinterpret_cast<const std::uint8_t*>(bytes.data()), bytes.size()});
+    EXPECT_EQ(image.sizes(), (std::vector<std::int64_t>{32, 32, 3}));
+  }
+  const json stats = json::parse(slurp(dir_ / "again" / "stats.json"));
+  EXPECT_EQ(stats["images"], 40);
+  EXPECT_EQ(stats["classes"]["3"], 10);  // labels from <key>.cls; shards carry no class names
+  // Writing into the input's own folder is refused: the next run would read its output.
+  const Result inside = run_ferry("preprocess '" + job("x").string() + "' --set output.path='" +
+                                  (data_ / "out").string() + "'");
+  EXPECT_EQ(inside.code, 1);
+  EXPECT_THAT(inside.err, HasSubstr("inside the input folder"));
+  EXPECT_FALSE(fs::exists(data_ / "out"));
+}
+
 TEST_F(Preprocess, ShardsCutByBytesStayUnderTheLimitAndResume) {
   const fs::path file = job("bytes", "", "workers: 2\n", "shard_bytes: 40000");
   const Result r = run_ferry("preprocess '" + file.string() + "'");
