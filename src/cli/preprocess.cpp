@@ -6,6 +6,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,10 +28,14 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include <opencv2/core.hpp>
+#include <opencv2/core/version.hpp>
+
 #include "ferry/error.h"
 #include "ferry/ferry.h"
 #include "ferry/launch.h"
 #include "ferry/pipeline.h"
+#include "ferry/version.h"
 #include "ferry/vision.h"
 
 #include "config/components.h"
@@ -87,6 +92,22 @@ void kill_point(const char* point) {
   }
 }
 
+// FERRY_PREPROCESS_CRASH_INPUT=NAME (or _HANG_INPUT): the worker that loads the input whose
+// name ends with NAME dies with SIGSEGV (or hangs): the tests' stand-in for a decoder that
+// crashes or loops on a hostile file.
+void input_fault(const std::string& name) {
+  static const char* crash = std::getenv("FERRY_PREPROCESS_CRASH_INPUT");
+  static const char* hang = std::getenv("FERRY_PREPROCESS_HANG_INPUT");
+  const auto ends_with = [&](const char* tail) {
+    const std::size_t n = std::strlen(tail);
+    return n > 0 && name.size() >= n && name.compare(name.size() - n, n, tail) == 0;
+  };
+  if (crash != nullptr && ends_with(crash)) ::raise(SIGSEGV);
+  if (hang != nullptr && ends_with(hang)) {
+    while (true) ::pause();
+  }
+}
+
 // ---- the configuration ----
 
 struct Job {
@@ -107,9 +128,10 @@ struct Job {
   std::size_t batch_size = 8;
   std::optional<std::uint64_t> shuffle_seed;
   bool stop_on_error = false;
-  std::vector<std::string> names;    // per input: its path relative to the input's root
-  std::vector<std::string> classes;  // per label, when the input names them
-  json settings;                     // what the output depends on (job.json)
+  std::chrono::milliseconds timeout{0};  // a batch stuck longer in a worker: the worker is hung
+  std::vector<std::string> names;        // per input: its path relative to the input's root
+  std::vector<std::string> classes;      // per label, when the input names them
+  json settings;                         // what the output depends on (job.json)
   std::string fingerprint;
 };
 
@@ -184,14 +206,26 @@ void check_deterministic(const Config& node, const std::string& name, const std:
   throw ConfigError(str(at(node), path, ": '", name, "' cannot run in preprocess: ", why));
 }
 
+// A name that stays inside the output folder: absolute names and '..' (from a list file, or a
+// tar member named by whoever wrote the shard) go under "outside/", without the '..'.
+std::string contained(const fs::path& name) {
+  fs::path kept;
+  bool outside = name.is_absolute();
+  for (const fs::path& part : name.lexically_normal().relative_path()) {
+    if (part == ".." || part == ".") {
+      outside = true;
+    } else if (!part.empty()) {
+      kept /= part;
+    }
+  }
+  if (kept.empty()) kept = "unnamed";
+  return (outside ? fs::path("outside") / kept : kept).string();
+}
+
 std::string relative_name(const std::string& path, const fs::path& root) {
   const fs::path rel = fs::path(path).lexically_normal().lexically_relative(root);
-  if (rel.empty() || *rel.begin() == "..") {
-    // Outside the input's folder: kept under "outside/", never above the output folder.
-    std::string abs = fs::absolute(path).lexically_normal().string();
-    return "outside/" + abs.substr(abs.find_first_not_of('/'));
-  }
-  return rel.string();
+  if (rel.empty() || *rel.begin() == "..") return contained(fs::absolute(path));
+  return contained(rel);
 }
 
 std::uint64_t fnv1a(std::uint64_t h, std::string_view s) {
@@ -222,6 +256,7 @@ Job read_job(const PreprocessOptions& options) {
     job.shuffle_seed = static_cast<std::uint64_t>(args.get<std::int64_t>("shuffle_seed"));
   }
   job.stop_on_error = args.get<std::string>("on_error") == "stop";
+  job.timeout = std::chrono::milliseconds(std::llround(args.get<double>("timeout") * 1000.0));
 
   // The output.
   const Config* output_node = root.find("output");
@@ -333,7 +368,7 @@ Job read_job(const PreprocessOptions& options) {
           break;
         }
       }
-      job.names.push_back(sample.key + "." + ext);
+      job.names.push_back(contained(sample.key + "." + ext));
     }
   }
   for (const std::string& name : job.names) items_hash = fnv1a(items_hash, name + "\n");
@@ -370,7 +405,9 @@ Job read_job(const PreprocessOptions& options) {
                   {"on_error", args.get<std::string>("on_error")},
                   {"shuffle_seed", job.shuffle_seed ? json(*job.shuffle_seed) : json(nullptr)},
                   {"inputs", n},
-                  {"input_names_hash", str(std::hex, items_hash)}};
+                  {"input_names_hash", str(std::hex, items_hash)},
+                  // Another encoder may write other bytes for the same pixels.
+                  {"encoder", str("ferry ", FERRY_VERSION, ", OpenCV ", CV_VERSION)}};
   char hex[17];
   std::snprintf(
       hex, sizeof hex, "%016llx",
@@ -386,7 +423,8 @@ Job read_job(const PreprocessOptions& options) {
 class EncodeDataset : public Dataset {
  public:
   explicit EncodeDataset(const Job& job)
-      : input_(job.input),
+      : names_(&job.names),
+        input_(job.input),
         mode_(job.mode),
         max_pixels_(job.max_pixels),
         format_(job.image_format),
@@ -402,6 +440,8 @@ class EncodeDataset : public Dataset {
     auto* m = meta.data_ptr<std::int64_t>();
     torch::Tensor data = torch::empty({0}, torch::kUInt8);
     std::string error;
+    FERRY_CHECK(index < names_->size(), "preprocess: input ", index, " is out of range");
+    input_fault((*names_)[index]);
     try {
       Example in = input_->get(index, ctx);
       const torch::Tensor bytes = in["image"].tensor();
@@ -442,14 +482,19 @@ class EncodeDataset : public Dataset {
       std::vector<std::uint8_t> encoded = vision::encode_image(image, format_, quality_);
       data = torch::empty({static_cast<std::int64_t>(encoded.size())}, torch::kUInt8);
       std::memcpy(data.data_ptr<std::uint8_t>(), encoded.data(), encoded.size());
-    } catch (const std::exception& e) {
+    } catch (const DataError& e) {
+      // A bad input. Anything else (out of memory, a bug) is not the input's fault: it stops
+      // the job as a worker error, and a run again retries it.
       error = e.what();
-      if (error.empty()) error = "unknown error";
+    } catch (const cv::Exception& e) {
+      error = str("OpenCV: ", e.what());
     }
+    if (error.empty() && data.numel() == 0) error = "the encoder wrote no bytes";
     return Example{{"data", data}, {"meta", meta}, {"error", error}};
   }
 
  private:
+  const std::vector<std::string>* names_;  // the job's, which outlives every loader
   std::shared_ptr<Dataset> input_;
   vision::ImageMode mode_;
   std::int64_t max_pixels_;
@@ -542,6 +587,49 @@ std::string size_bin(std::int64_t shorter) {
   while (low * 2 <= shorter && low < 4096) low *= 2;
   if (low >= 4096) return "4096+";
   return str(low, "-", low * 2 - 1);
+}
+
+// An exclusive lock on a file of the job's folder (flock: a killed holder releases it). The file
+// is removed when the lock is let go, so a finished job leaves none behind.
+class FolderLock {
+ public:
+  // nullopt when another process holds it.
+  static std::optional<FolderLock> try_take(const fs::path& path) {
+    ipc::UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644));
+    if (!fd) {
+      throw Error(str(path.string(), ": cannot create a lock file: ", std::strerror(errno),
+                      "; check that the output folder is writable"));
+    }
+    if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+      if (errno == EWOULDBLOCK) return std::nullopt;
+      throw Error(str(path.string(), ": flock failed: ", std::strerror(errno),
+                      " (a file system without locks? write the output to a local disk)"));
+    }
+    return FolderLock(path, std::move(fd));
+  }
+  FolderLock(FolderLock&&) noexcept = default;
+  FolderLock& operator=(FolderLock&&) noexcept = default;
+  ~FolderLock() {
+    if (fd_) ::unlink(path_.c_str());  // while still held: nobody else holds this inode
+  }
+
+ private:
+  FolderLock(fs::path path, ipc::UniqueFd fd) : path_(std::move(path)), fd_(std::move(fd)) {}
+  fs::path path_;
+  ipc::UniqueFd fd_;
+};
+
+// The lock of one part, held while it is written.
+FolderLock take_part(const Job& job, std::size_t part) {
+  char name[32];
+  std::snprintf(name, sizeof name, "part-%06zu.lock", part);
+  std::optional<FolderLock> lock = FolderLock::try_take(job.out / kStateDir / name);
+  if (!lock) {
+    throw Error(str(job.out.string(), ": part ", part, " is being written by another process ",
+                    "right now (a rank started twice, or ranks started with different ",
+                    "--world-size); let it finish or stop it, then run again"));
+  }
+  return std::move(*lock);
 }
 
 // ---- a part: its files, written under temporary names, then renamed; then its record ----
@@ -651,8 +739,19 @@ struct Row {
 
 class PartWriter {
  public:
-  PartWriter(const Job& job, std::size_t part, std::size_t first)
-      : job_(job), part_(part), first_(first) {
+  // `inputs` (a tree's): the part's inputs, whose temporaries a killed run may have left.
+  PartWriter(const Job& job,
+             std::size_t part,
+             std::size_t first,
+             std::span<const std::int64_t> inputs = {})
+      : job_(job), part_(part), first_(first), lock_(take_part(job, part)) {
+    // Nobody else writes this part now: what its temporaries hold is a killed run's.
+    std::error_code ec;
+    fs::remove(job_.out / kStateDir / (part_file(part_) + ".partial"), ec);
+    fs::remove(job_.out / (shard_name(job_, part_) + ".idx.partial"), ec);
+    for (std::int64_t index : inputs) {
+      fs::remove(job_.out / (tree_name(job_, index) + ".partial"), ec);
+    }
     if (job_.shards) {
       shard_ = std::make_unique<Partial>(job_.out / (shard_name(job_, part_) + ".partial"));
       tar_.emplace(shard_->path());
@@ -742,7 +841,10 @@ class PartWriter {
     } else {
       // The images were renamed one by one; one syncfs puts them on disk before the record.
       ipc::UniqueFd dir(::open(job_.out.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-      if (dir) (void)::syncfs(dir.get());
+      if (!dir || ::syncfs(dir.get()) != 0) {
+        throw Error(str(job_.out.string(), ": flushing part ", part_, "'s images to disk failed: ",
+                        std::strerror(errno), "; check the disk, then run again"));
+      }
       files = files_;
     }
     const json record = {{"format", "ferry.preprocess.part"},
@@ -796,6 +898,7 @@ class PartWriter {
   const Job& job_;
   std::size_t part_;
   std::size_t first_;  // its first position in the job's order
+  FolderLock lock_;
   std::size_t inputs_ = 0;
   std::unique_ptr<Partial> shard_;
   std::optional<vision::detail::TarWriter> tar_;
@@ -804,44 +907,62 @@ class PartWriter {
   Totals totals_;
 };
 
-// ---- the job's folder: job.json, the records, leftovers ----
+// ---- the job's folder: job.json, the records, locks, leftovers ----
 
-std::string rank_suffix(std::size_t rank) { return str(".partial-rank", rank); }
-
-// Writes job.json, or checks that the one there is this job's.
+// Writes job.json, or checks that the one there is this job's. Ranks started together race
+// here: the file is published with link(), which fails if another rank published first, and
+// then theirs is compared.
 void claim_folder(const Job& job, std::size_t rank) {
   std::error_code ec;
+  const fs::path path = job.out / kStateDir / "job.json";
+  if (!fs::exists(path, ec) && fs::exists(job.out, ec)) {
+    for (const auto& entry : fs::directory_iterator(job.out, ec)) {
+      if (entry.path().filename() != kStateDir) {
+        throw ConfigError(str(job.out.string(), " holds files (", entry.path().filename().string(),
+                              ", ...) but no ", kStateDir, "/job.json, so it is not the output of ",
+                              "a preprocess job; write to an empty or new output.path"));
+      }
+    }
+  }
   fs::create_directories(job.out / kStateDir, ec);
   if (ec) {
     throw Error(str(job.out.string(), ": cannot create the output folder: ", ec.message()));
   }
-  const fs::path path = job.out / kStateDir / "job.json";
   const json mine = {{"format", "ferry.preprocess"},
                      {"version", 1},
                      {"fingerprint", job.fingerprint},
                      {"settings", job.settings}};
-  if (fs::exists(path, ec)) {
-    json theirs;
-    try {
-      theirs = json::parse(ipc::read_file(path, "job file"));
-    } catch (const json::exception&) {
-      theirs = json::object();
+  if (!fs::exists(path, ec)) {
+    const fs::path temporary = str(path.string(), ".partial-rank", rank, "-", ::getpid());
+    ipc::write_file_durably(temporary, mine.dump(1), "job file");
+    const int linked = ::link(temporary.c_str(), path.c_str());
+    const int error = errno;
+    ::unlink(temporary.c_str());
+    if (linked == 0) return;
+    if (error != EEXIST) {
+      throw Error(str(path.string(), ": cannot publish the job file: ", std::strerror(error)));
     }
-    if (theirs.value("fingerprint", "") == job.fingerprint) return;
-    std::string differs;
-    const json their_settings = theirs.value("settings", json::object());
-    for (const auto& [key, value] : job.settings.items()) {
-      if (!their_settings.contains(key) || their_settings[key] != value) {
-        differs += (differs.empty() ? "" : ", ") + key;
-      }
-    }
-    if (differs.empty()) differs = "its format";
-    throw ConfigError(str(job.out.string(), " holds the output of another preprocess job (",
-                          "they differ in: ", differs, "); the outputs cannot be mixed: write to ",
-                          "another output.path, or delete ", job.out.string(),
-                          " to start this job over"));
   }
-  ipc::write_file_atomically(path, mine.dump(1), "job file", path.string() + rank_suffix(rank));
+  json theirs;
+  try {
+    theirs = json::parse(ipc::read_file(path, "job file"));
+  } catch (const json::exception& e) {
+    throw Error(str(path.string(), ": unreadable (", e.what(), "); it is not from ferry, or ",
+                    "was edited: delete ", job.out.string(), " to start the job over"));
+  }
+  if (theirs.value("fingerprint", "") == job.fingerprint) return;
+  std::string differs;
+  const json their_settings = theirs.value("settings", json::object());
+  for (const auto& [key, value] : job.settings.items()) {
+    if (!their_settings.contains(key) || their_settings[key] != value) {
+      differs += (differs.empty() ? "" : ", ") + key;
+    }
+  }
+  if (differs.empty()) differs = "its format";
+  throw ConfigError(str(job.out.string(), " holds the output of another preprocess job (",
+                        "they differ in: ", differs, "); the outputs cannot be mixed: write to ",
+                        "another output.path, or delete ", job.out.string(),
+                        " to start this job over"));
 }
 
 struct Record {
@@ -851,7 +972,45 @@ struct Record {
   json totals;
 };
 
-// The records of finished parts, by part number.
+// Checks a record against the plan and the files it names; throws Error saying what is off.
+Record check_record(const Job& job, std::size_t part, const json& j) {
+  if (j.at("fingerprint").get<std::string>() != job.fingerprint) {
+    throw Error("written by another job");
+  }
+  if (j.at("part").get<std::size_t>() != part) throw Error("its part number is another");
+  Record r{j.at("first").get<std::size_t>(), j.at("inputs").get<std::size_t>(), j.at("files"),
+           j.at("totals")};
+  const std::size_t n = job.names.size();
+  if (r.first > n || r.inputs > n - r.first) throw Error("it covers inputs past the last");
+  if (!job.shard_bytes &&
+      (r.first != part * job.part_size || r.inputs != std::min(job.part_size, n - r.first))) {
+    throw Error(str("it covers inputs ", r.first, "+", r.inputs, ", not this part's"));
+  }
+  Totals scratch;
+  add_totals(scratch, r.totals);  // well-formed numbers
+  if (scratch.images + scratch.skipped.size() != r.inputs) throw Error("its counts do not add up");
+  std::error_code ec;
+  for (const auto& f : r.files) {
+    const std::string name = job.shards ? f.at("name").get<std::string>() : f.get<std::string>();
+    if (name.empty() || name.find("..") != std::string::npos || name.front() == '/') {
+      throw Error(str("it names the file '", name, "'"));
+    }
+    const fs::path file = job.out / name;
+    if (job.shards) {
+      if (fs::file_size(file, ec) != f.at("bytes").get<std::uint64_t>() || ec) {
+        throw Error(str(file.string(), " is missing or not the size recorded"));
+      }
+      if (!fs::exists(file.string() + ".idx", ec))
+        throw Error(str(file.string(), ".idx is missing"));
+    } else if (!fs::is_regular_file(file, ec)) {
+      throw Error(str(file.string(), " is missing"));
+    }
+  }
+  return r;
+}
+
+// The records of finished parts, by part number; a record that does not check out is reported
+// and its part written again.
 std::map<std::size_t, Record> read_records(const Job& job) {
   std::map<std::size_t, Record> records;
   const fs::path dir = job.out / kStateDir;
@@ -860,44 +1019,42 @@ std::map<std::size_t, Record> read_records(const Job& job) {
     const std::string name = entry.path().filename().string();
     std::size_t part = 0;
     char tail = 0;
-    if (std::sscanf(name.c_str(), "part-%zu.json%c", &part, &tail) != 1) continue;
+    if (std::sscanf(name.c_str(), "part-%zu.json%c", &part, &tail) != 1 ||
+        name != part_file(part)) {
+      continue;
+    }
     try {
-      const json j = json::parse(ipc::read_file(entry.path(), "part record"));
-      if (j.at("fingerprint").get<std::string>() != job.fingerprint) continue;
-      records[part] = Record{j.at("first").get<std::size_t>(), j.at("inputs").get<std::size_t>(),
-                             j.at("files"), j.at("totals")};
+      records[part] = check_record(job, part, json::parse(ipc::read_file(entry.path(), "record")));
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "ferry: warning: %s: unreadable (%s); its part is done again\n",
-                   entry.path().c_str(), e.what());
+      std::fprintf(stderr, "ferry: warning: %s: %s; part %zu is written again\n",
+                   entry.path().c_str(), e.what(), part);
     }
   }
   return records;
 }
 
-// What a killed run of this rank left: the temporaries of parts it will write again.
-std::size_t remove_leftovers(const Job& job,
-                             const std::vector<std::size_t>& parts,
-                             std::size_t rank) {
+// Temporaries a killed run left in the folder: those of recorded parts and of dead writers
+// (ones whose lock nobody holds). Run when every part is recorded, under the finish lock.
+std::size_t sweep_folder(const Job& job) {
   std::size_t removed = 0;
   std::error_code ec;
-  const auto remove = [&](const fs::path& p) {
-    if (fs::remove(p, ec)) ++removed;
-  };
-  for (std::size_t part : parts) {
-    remove(job.out / kStateDir / (part_file(part) + ".partial"));
-    if (job.shards) {
-      remove(job.out / (shard_name(job, part) + ".partial"));
-      remove(job.out / (shard_name(job, part) + ".idx.partial"));
+  for (const fs::path& dir : {job.out, job.out / kStateDir}) {
+    std::vector<fs::path> found;
+    for (const auto& entry : fs::directory_iterator(dir, ec)) found.push_back(entry.path());
+    for (const fs::path& path : found) {
+      const std::string name = path.filename().string();
+      const bool temporary = name.find(".partial") != std::string::npos;
+      const bool lock = dir != job.out && name.size() > 5 &&
+                        name.compare(name.size() - 5, 5, ".lock") == 0 && name != "finish.lock";
+      if (lock) {
+        // Free: its holder is gone (FolderLock's destructor removes the file when done).
+        if (FolderLock::try_take(path)) ++removed;
+      } else if (temporary && fs::remove(path, ec)) {
+        ++removed;
+      }
     }
   }
-  remove(job.out / kStateDir / ("job.json" + rank_suffix(rank)));
-  remove(job.out / (job.stats_name + rank_suffix(rank)));
   return removed;
-}
-
-void remove_tree_leftovers(const Job& job, const std::vector<std::int64_t>& indices) {
-  std::error_code ec;
-  for (std::int64_t index : indices) fs::remove(job.out / (tree_name(job, index) + ".partial"), ec);
 }
 
 // ---- progress ----
@@ -1042,11 +1199,17 @@ const TypeInfo& preprocess_keys() {
            .help = "unset: samples in the input's order; a number: a seeded shuffle of it, the "
                    "same on every machine",
            .min = 0},
+          {.name = "timeout",
+           .type = ValueType::kFloat,
+           .default_value = 600.0,
+           .help = "seconds a batch may take in a worker before the worker counts as hung and is "
+                   "stopped (then as a worker that died: see on_error); 0: no limit",
+           .min = 0.0},
           {.name = "on_error",
            .type = ValueType::kString,
            .default_value = "skip",
-           .help = "a corrupt, truncated, empty or unsupported input: skip it (listed in the "
-                   "statistics) or stop the job",
+           .help = "a corrupt, truncated, empty or unsupported input, or one whose worker dies "
+                   "or hangs: skip it (listed in the statistics) or stop the job",
            .choices = {"skip", "stop"}},
       }};
   return info;
@@ -1073,6 +1236,32 @@ int validate_preprocess(const std::string& config, const std::vector<std::string
   if (job.shuffle_seed)
     std::printf("shuffle_seed: %llu\n", static_cast<unsigned long long>(*job.shuffle_seed));
   return 0;
+}
+
+// A worker died or hung. Loading one at a time: the input in hand caused it, and is skipped.
+// Otherwise the inputs it may have held (`window` from the cursor) are loaded again one at a
+// time to find that one.
+template <class Take>
+void handle_lost_worker(const std::string& what,
+                        bool isolating,
+                        std::size_t& cursor,
+                        std::size_t& isolate_until,
+                        const std::vector<std::int64_t>& positions,
+                        Take& take,
+                        std::size_t window) {
+  const std::string first_line = what.substr(0, what.find('\n'));
+  if (isolating) {
+    const std::int64_t meta[kMetaSize] = {};
+    const std::string error = str("its worker died or hung while loading it: ", first_line);
+    take(Row{positions[cursor], {}, meta, &error});
+    ++cursor;
+    return;
+  }
+  isolate_until = std::min(positions.size(), cursor + window);
+  std::fprintf(stderr,
+               "ferry: warning: %s\npreprocess: loading the next %zu inputs one at a time, to "
+               "find and skip the one that caused it\n",
+               first_line.c_str(), isolate_until - cursor);
 }
 
 // ---- the job ----
@@ -1131,24 +1320,21 @@ int run_preprocess(const PreprocessOptions& options) {
     resumed_parts = part;
     if (start < n || n == 0) todo.emplace_back(part, start);
   }
-  std::vector<std::size_t> parts;
-  std::vector<std::int64_t> positions;  // this run's inputs, in order
+  std::vector<std::int64_t> positions;   // this run's inputs, in order
+  std::vector<std::size_t> part_starts;  // where each part of `todo` starts in `positions`
   for (const auto& [part, first] : todo) {
-    parts.push_back(part);
+    part_starts.push_back(positions.size());
     const std::size_t end = job.shard_bytes ? n : std::min(n, first + job.part_size);
     for (std::size_t pos = first; pos < end; ++pos) positions.push_back(order[pos]);
   }
-  const std::size_t removed = remove_leftovers(job, parts, rank);
-  if (!job.shards) remove_tree_leftovers(job, positions);
 
   std::fprintf(stderr,
                "preprocess %s: %zu inputs -> %s (%s); rank %zu of %zu (%s): %zu parts to write, "
-               "%zu done before%s\n",
+               "%zu done before\n",
                options.config.c_str(), n, job.out.c_str(), job.shards ? "shards" : "image tree",
                rank, world, launcher.c_str(),
                job.shard_bytes ? (start < n ? std::size_t{1} : std::size_t{0}) : todo.size(),
-               resumed_parts,
-               removed > 0 ? str(", ", removed, " leftover temporary files removed").c_str() : "");
+               resumed_parts);
 
   Progress progress;
   progress.total = positions.size();
@@ -1157,90 +1343,182 @@ int run_preprocess(const PreprocessOptions& options) {
   std::uint64_t images = 0;
   std::uint64_t skipped = 0;
   const fs::path state_dir = job.out / kStateDir;
-  if (!positions.empty()) {
-    DataLoaderOptions loader_options{
-        .batch_size = job.batch_size, .num_workers = job.workers, .in_order = true, .seed = 0};
-    // The job's dataset is built here, not from the registry: workers are forked copies.
-    if (job.workers > 0) loader_options.start_method = StartMethod::kFork;
-    DataLoader loader(std::make_shared<EncodeDataset>(job), loader_options,
-                      std::make_shared<ListSampler>(positions), collate_encoded);
-    std::size_t next_todo = 0;
-    std::size_t position = todo.front().second;  // in the job's order
-    std::unique_ptr<PartWriter> writer;
-    const auto finish_part = [&] {
-      writer->finish(state_dir);
-      images += writer->totals().images;
-      skipped += writer->totals().skipped.size();
-      ++written_parts;
-      writer.reset();
-    };
-    for (const Batch& batch : loader) {
-      const torch::Tensor data = batch["data"];
-      const torch::Tensor lengths = batch["lengths"];
-      const torch::Tensor meta = batch["meta"].contiguous();
-      const auto& errors = batch.strings("error");
-      const auto* bytes = data.data_ptr<std::uint8_t>();
-      const auto* length = lengths.data_ptr<std::int64_t>();
-      std::size_t offset = 0;
-      for (std::size_t i = 0; i < batch.size(); ++i) {
-        Row row{batch.indices()[i],
-                {bytes + offset, static_cast<std::size_t>(length[i])},
-                meta.data_ptr<std::int64_t>() + i * kMetaSize,
-                &errors[i]};
-        offset += static_cast<std::size_t>(length[i]);
-        if (job.shard_bytes) {
-          if (!writer)
-            writer = std::make_unique<PartWriter>(job, resumed_parts + written_parts, position);
-          if (writer->inputs() > 0 && row.error->empty() &&
-              writer->size() + writer->cost(row) + 1024 > *job.shard_bytes) {
-            finish_part();
-            writer = std::make_unique<PartWriter>(job, resumed_parts + written_parts, position);
-          }
-        } else {
-          if (!writer) {
-            writer =
-                std::make_unique<PartWriter>(job, todo[next_todo].first, todo[next_todo].second);
-            position = todo[next_todo].second;
-            ++next_todo;
-          }
-        }
-        writer->add(row);
-        ++position;
-        ++progress.done;
-        progress.bytes_in += static_cast<std::uint64_t>(row.meta[kBytesIn]);
-        if (!job.shard_bytes &&
-            writer->inputs() == std::min(job.part_size, n - writer->part() * job.part_size)) {
-          finish_part();
-        }
+  std::size_t next_todo = 0;
+  std::size_t position = todo.empty() ? 0 : todo.front().second;  // in the job's order
+  std::unique_ptr<PartWriter> writer;
+  const auto finish_part = [&] {
+    writer->finish(state_dir);
+    images += writer->totals().images;
+    skipped += writer->totals().skipped.size();
+    ++written_parts;
+    writer.reset();
+  };
+  // One input: into the part it belongs to, which is finished when full.
+  const auto take = [&](const Row& row) {
+    if (job.shard_bytes) {
+      if (!writer)
+        writer = std::make_unique<PartWriter>(job, resumed_parts + written_parts, position);
+      if (writer->inputs() > 0 && row.error->empty() &&
+          writer->size() + writer->cost(row) + 1024 > *job.shard_bytes) {
+        finish_part();
+        writer = std::make_unique<PartWriter>(job, resumed_parts + written_parts, position);
       }
-      progress.show(false);
+    } else if (!writer) {
+      const std::size_t from = part_starts[next_todo];
+      const std::size_t to =
+          next_todo + 1 < part_starts.size() ? part_starts[next_todo + 1] : positions.size();
+      writer = std::make_unique<PartWriter>(
+          job, todo[next_todo].first, todo[next_todo].second,
+          job.shards ? std::span<const std::int64_t>()
+                     : std::span<const std::int64_t>(positions.data() + from, to - from));
+      position = todo[next_todo].second;
+      ++next_todo;
     }
-    if (writer) finish_part();
-  } else if (job.shard_bytes && n == 0 && records.empty()) {
+    writer->add(row);
+    ++position;
+    ++progress.done;
+    progress.bytes_in += static_cast<std::uint64_t>(row.meta[kBytesIn]);
+    if (!job.shard_bytes &&
+        writer->inputs() == std::min(job.part_size, n - writer->part() * job.part_size)) {
+      finish_part();
+    }
+  };
+
+  // The loaders: normally batches from every worker; after a worker died (or hung past the
+  // timeout), the inputs it may have held are loaded one at a time by one worker, so the one
+  // that kills its worker is found and skipped (on_error: skip) and the rest are written.
+  std::size_t cursor = 0;         // into positions: the next input to write
+  std::size_t isolate_until = 0;  // [cursor, isolate_until) load one at a time
+  const std::size_t prefetch = 2;
+  while (cursor < positions.size()) {
+    const bool isolating = cursor < isolate_until;
+    const std::size_t end = isolating ? isolate_until : positions.size();
+    DataLoaderOptions loader_options{
+        .batch_size = isolating ? 1 : job.batch_size,
+        .num_workers = isolating ? std::min<std::size_t>(job.workers, 1) : job.workers,
+        .in_order = true,
+        .seed = 0};
+    if (loader_options.num_workers > 0) {
+      // The job's dataset is built here, not from the registry: workers are forked copies.
+      loader_options.start_method = StartMethod::kFork;
+      loader_options.prefetch_factor = isolating ? 1 : prefetch;
+      loader_options.timeout = job.timeout;
+    }
+    DataLoader loader(std::make_shared<EncodeDataset>(job), loader_options,
+                      std::make_shared<ListSampler>(std::vector<std::int64_t>(
+                          positions.begin() + static_cast<std::ptrdiff_t>(cursor),
+                          positions.begin() + static_cast<std::ptrdiff_t>(end))),
+                      collate_encoded);
+    try {
+      for (const Batch& batch : loader) {
+        // Nothing a worker sends is trusted: the shapes, the lengths and the inputs it answers.
+        const std::size_t b = batch.size();
+        const torch::Tensor data = batch["data"];
+        const torch::Tensor lengths = batch["lengths"];
+        const torch::Tensor meta = batch["meta"].contiguous();
+        const auto& errors = batch.strings("error");
+        const auto bad = [&](const std::string& what) {
+          return Error(str("preprocess: a worker's batch ", batch.sequence(), " is malformed (",
+                           what, "); run again to resume"));
+        };
+        if (data.dim() != 1 || data.scalar_type() != torch::kUInt8 || lengths.dim() != 1 ||
+            lengths.scalar_type() != torch::kInt64 ||
+            lengths.size(0) != static_cast<std::int64_t>(b) || meta.dim() != 2 ||
+            meta.scalar_type() != torch::kInt64 || meta.size(0) != static_cast<std::int64_t>(b) ||
+            meta.size(1) != kMetaSize || errors.size() != b || batch.indices().size() != b) {
+          throw bad("its fields' shapes");
+        }
+        const auto* length = lengths.data_ptr<std::int64_t>();
+        std::uint64_t total = 0;
+        for (std::size_t i = 0; i < b; ++i) {
+          if (length[i] < 0 || static_cast<std::uint64_t>(length[i]) >
+                                   static_cast<std::uint64_t>(data.numel()) - total) {
+            throw bad("lengths past its data");
+          }
+          total += static_cast<std::uint64_t>(length[i]);
+        }
+        if (total != static_cast<std::uint64_t>(data.numel()))
+          throw bad("lengths short of its data");
+        const auto* bytes = data.data_ptr<std::uint8_t>();
+        std::size_t offset = 0;
+        for (std::size_t i = 0; i < b; ++i) {
+          if (cursor >= end || batch.indices()[i] != positions[cursor]) {
+            throw bad(str("input ", batch.indices()[i], " where ",
+                          positions[std::min(cursor, end - 1)], " was due"));
+          }
+          const std::int64_t* m = meta.data_ptr<std::int64_t>() + i * kMetaSize;
+          for (std::int64_t k = 0; k < kMetaSize; ++k) {
+            const bool size = k >= kWidthIn && k <= kHeightOut;
+            if (k != kLabel && (m[k] < 0 || (size && m[k] > (std::int64_t{1} << 31)))) {
+              throw bad("a negative or huge number");
+            }
+          }
+          if (m[kChannels] > 4) throw bad("more than 4 channels");
+          Row row{batch.indices()[i],
+                  {bytes + offset, static_cast<std::size_t>(length[i])},
+                  m,
+                  &errors[i]};
+          offset += static_cast<std::size_t>(length[i]);
+          take(row);
+          ++cursor;
+        }
+        progress.show(false);
+      }
+    } catch (const WorkerError& e) {
+      if (dynamic_cast<const WorkerDiedError*>(&e) == nullptr) throw;
+      if (job.stop_on_error) throw;
+      handle_lost_worker(e.what(), isolating, cursor, isolate_until, positions, take,
+                         job.batch_size * (job.workers * prefetch + 1));
+    } catch (const TimeoutError& e) {
+      if (job.stop_on_error) throw;
+      handle_lost_worker(e.what(), isolating, cursor, isolate_until, positions, take,
+                         job.batch_size * (job.workers * prefetch + 1));
+    }
+  }
+  if (writer) finish_part();
+  if (positions.empty() && job.shard_bytes && n == 0 && records.empty()) {
     PartWriter(job, 0, 0).finish(state_dir);
     ++written_parts;
   }
   progress.show(true);
 
-  // Done when every part has its record: the last rank to finish writes the statistics.
-  records = read_records(job);
-  bool complete = false;
-  if (job.shard_bytes) {
-    std::size_t covered = 0;
-    for (const auto& [part, record] : records) covered += record.inputs;
-    complete = covered == n;
-  } else {
-    complete = records.size() == total_parts;
-    for (std::size_t part = 0; complete && part < total_parts; ++part) {
-      complete = records.count(part) != 0;
-    }
-  }
+  // Done when every part has its record: a rank that finds them all (under the finish lock,
+  // one at a time) removes what killed runs left and writes the statistics.
   const fs::path stats_path = job.out / job.stats_name;
   json stats;
-  if (complete) {
-    stats = statistics(job, records);
-    ipc::write_file_atomically(stats_path, stats.dump(1) + "\n", "statistics",
-                               stats_path.string() + rank_suffix(rank));
+  bool complete = false;
+  for (int attempt = 0;; ++attempt) {
+    std::optional<FolderLock> finishing = FolderLock::try_take(state_dir / "finish.lock");
+    if (!finishing) {
+      if (attempt >= 3000) {
+        throw Error(str(state_dir.string(), "/finish.lock: held by another process for 30 s; ",
+                        "run again when it is done"));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      continue;
+    }
+    records = read_records(job);
+    if (job.shard_bytes) {
+      std::size_t covered = 0;
+      for (const auto& [part, record] : records) covered += record.inputs;
+      complete = covered == n;
+    } else {
+      complete = records.size() == total_parts;
+      for (std::size_t part = 0; complete && part < total_parts; ++part) {
+        complete = records.count(part) != 0;
+      }
+    }
+    if (complete) {
+      const std::size_t removed = sweep_folder(job);
+      if (removed > 0) {
+        std::fprintf(stderr, "preprocess: removed %zu temporary files that killed runs left\n",
+                     removed);
+      }
+      stats = statistics(job, records);
+      ipc::write_file_atomically(stats_path, stats.dump(1) + "\n", "statistics",
+                                 stats_path.string() + ".partial");
+    }
+    break;
   }
   const double seconds = progress.elapsed();
   const double rate = seconds > 0 ? static_cast<double>(progress.done) / seconds : 0.0;
@@ -1284,7 +1562,8 @@ int run_preprocess(const PreprocessOptions& options) {
                           {"images_per_second", rate},
                           {"complete", complete},
                           {"statistics", complete ? json(stats_path.string()) : json(nullptr)}};
-    ipc::write_file_atomically(options.json, summary.dump(1) + "\n", "--json");
+    ipc::write_file_atomically(options.json, summary.dump(1) + "\n", "--json",
+                               options.json + ".partial");
   }
   return 0;
 }

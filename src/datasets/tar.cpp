@@ -270,18 +270,23 @@ std::optional<TarMember> TarReader::next() {
       if (type == 'L') {
         long_name = std::string(text.c_str());
       } else {
-        // Records "LEN key=value\n".
+        // Records "LEN key=value\n": LEN counts the whole record, its digits and newline too.
         std::size_t pos = 0;
         while (pos < text.size()) {
           const std::size_t space = text.find(' ', pos);
+          const auto malformed = [&] {
+            return DataError(
+                str("tar ", path_.string(), ": malformed pax record at offset ", data + pos));
+          };
+          if (space == std::string::npos || space == pos || space - pos > 7) throw malformed();
           std::size_t length = 0;
-          for (std::size_t k = pos; k < space && k < text.size(); ++k) {
-            if (!std::isdigit(static_cast<unsigned char>(text[k]))) break;
+          for (std::size_t k = pos; k < space; ++k) {
+            if (!std::isdigit(static_cast<unsigned char>(text[k]))) throw malformed();
             length = length * 10 + static_cast<std::size_t>(text[k] - '0');
           }
-          if (space == std::string::npos || length == 0 || pos + length > text.size()) {
-            throw DataError(
-                str("tar ", path_.string(), ": malformed pax record at offset ", data + pos));
+          if (length < space - pos + 2 || length > text.size() - pos ||
+              text[pos + length - 1] != '\n') {
+            throw malformed();
           }
           const std::string record = text.substr(space + 1, pos + length - space - 2);
           const std::size_t eq = record.find('=');

@@ -4,6 +4,7 @@
 #include <charconv>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <system_error>
 
@@ -105,7 +106,12 @@ std::vector<Sample> read_shard(const std::string& shard, std::uint32_t ordinal, 
       std::uint64_t offset = 0;
       std::uint64_t length = 0;
       std::string name;
-      while (fields >> ext >> offset >> length >> name) {
+      while (fields >> ext) {
+        if (!(fields >> offset >> length >> name)) {
+          throw DataError(str(index_path, ": malformed line '", line.substr(0, 200),
+                              "' (each member is 'ext offset size name'); delete the index to ",
+                              "list the shard instead"));
+        }
         if (offset > size || length > size - offset) {
           throw DataError(str(index_path, ": member ", name, " (", length, " bytes at ", offset,
                               ") lies past the end of ", shard, " (", size,
@@ -124,6 +130,29 @@ std::vector<Sample> read_shard(const std::string& shard, std::uint32_t ordinal, 
     if (samples.size() != count) {
       throw DataError(str(index_path, ": its header says ", count, " samples but it lists ",
                           samples.size(), "; delete it to list the shard instead"));
+    }
+    // An index made for another version of the shard: the first and last members' headers
+    // must be where it says, with its sizes.
+    if (!samples.empty()) {
+      for (const Sample* s : {&samples.front(), &samples.back()}) {
+        const WebDataset::Field& f = s == &samples.front() ? s->fields.front() : s->fields.back();
+        vision::detail::TarReader probe(shard);
+        std::optional<vision::detail::TarMember> member;
+        if (f.offset >= 512 && (f.offset - 512) % 512 == 0) {
+          try {
+            probe.seek(f.offset - 512);
+            member = probe.next();
+          } catch (const DataError&) {
+            member.reset();
+          }
+        }
+        if (!member || member->data_offset != f.offset || member->size != f.size) {
+          throw DataError(str(index_path, ": stale: its member at offset ", f.offset, " (", f.size,
+                              " bytes) is not a member of ", shard,
+                              " there; delete the index to list the shard instead, or write it "
+                              "again"));
+        }
+      }
     }
     return samples;
   }
@@ -147,6 +176,10 @@ torch::Tensor read_member(const vision::detail::TarReader& reader,
 }
 
 std::int64_t parse_label(const torch::Tensor& bytes, const std::string& where) {
+  if (bytes.numel() > 64) {
+    throw DataError(str(where, ": the label member is ", bytes.numel(),
+                        " bytes; a label is an integer in decimal"));
+  }
   const auto* p = reinterpret_cast<const char*>(bytes.data_ptr<std::uint8_t>());
   std::string_view text(p, static_cast<std::size_t>(bytes.numel()));
   while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) {
@@ -256,7 +289,7 @@ Example WebDataset::get(std::size_t index, SampleContext& ctx) const {
   std::optional<torch::Tensor> label;
   for (const auto& field : sample.fields) {
     if (field.extension == options_.label_extension) {
-      label = read_member(reader, field.offset, field.size);
+      label = read_member(reader, field.offset, std::min<std::uint64_t>(field.size, 65));
     }
   }
   return make_example(options_, pipeline_, read_member(reader, image->offset, image->size), label,
@@ -324,7 +357,9 @@ class ShardStream : public ExampleStream {
       }
       std::optional<torch::Tensor> label;
       for (const auto& [e, m] : members) {
-        if (e == options_.label_extension) label = read_member(*reader_, m.data_offset, m.size);
+        if (e == options_.label_extension) {
+          label = read_member(*reader_, m.data_offset, std::min<std::uint64_t>(m.size, 65));
+        }
       }
       return make_example(options_, pipeline_,
                           read_member(*reader_, image->data_offset, image->size), label, key,
@@ -343,13 +378,16 @@ class ShardStream : public ExampleStream {
     std::size_t shard = 0;
     std::uint64_t offset = 0;
     const std::size_t colon = cursor.find(':');
-    const auto a = std::from_chars(cursor.data(), cursor.data() + colon, shard);
-    const auto b =
-        colon == std::string::npos
-            ? std::from_chars_result{cursor.data(), std::errc::invalid_argument}
-            : std::from_chars(cursor.data() + colon + 1, cursor.data() + cursor.size(), offset);
-    if (a.ec != std::errc() || b.ec != std::errc() || b.ptr != cursor.data() + cursor.size() ||
-        shard > shards_.size()) {
+    const char* begin = cursor.data();
+    const char* end = begin + cursor.size();
+    bool ok = colon != std::string::npos && colon > 0;
+    if (ok) {
+      const auto a = std::from_chars(begin, begin + colon, shard);
+      const auto b = std::from_chars(begin + colon + 1, end, offset);
+      ok = a.ec == std::errc() && a.ptr == begin + colon && b.ec == std::errc() && b.ptr == end &&
+           colon + 1 < cursor.size() && shard <= shards_.size();
+    }
+    if (!ok) {
       throw Error(str("WebDataset stream: cursor '", cursor, "' is not one of this worker's (",
                       shards_.size(), " shards); was the checkpoint made with other shards?"));
     }
@@ -407,6 +445,7 @@ WebDatasetStream::WebDatasetStream(std::vector<std::string> shards, Options opti
     std::string version;
     std::size_t count = 0;
     if (!options_.use_index || !(in >> version >> count) || version != "v1.2") return;
+    if (count > std::numeric_limits<std::size_t>::max() - total) return;
     total += count;
   }
   size_hint_ = total;

@@ -268,6 +268,19 @@ TEST_F(Preprocess, KilledAtEveryStepResumesToTheSameBytes) {
     EXPECT_EQ(summary["parts_written"], 7 - done_before) << point;
     EXPECT_TRUE(summary["complete"].get<bool>());
   }
+  // A record that lies (cut short), and one whose shard is gone: both parts are written again.
+  const fs::path k1 = dir_ / "k1";
+  const std::string record = slurp(k1 / ".ferry-preprocess" / "part-000002.json");
+  std::ofstream(k1 / ".ferry-preprocess" / "part-000002.json", std::ios::trunc)
+      << record.substr(0, record.size() / 2);
+  fs::remove(k1 / "shard-000005.tar");
+  const Result repaired = run_ferry("preprocess '" + (dir_ / "k1.yaml").string() + "' --json '" +
+                                    (dir_ / "repaired.json").string() + "'");
+  ASSERT_EQ(repaired.code, 0) << repaired.err;
+  EXPECT_THAT(repaired.err,
+              AllOf(HasSubstr("part 2 is written again"), HasSubstr("part 5 is written again")));
+  EXPECT_EQ(json::parse(slurp(dir_ / "repaired.json"))["parts_written"], 2);
+  EXPECT_TRUE(snapshot(k1) == reference);
   // Run once more on a finished job: nothing to do, nothing changes.
   const Result again = run_ferry("preprocess '" + job("k0").string() + "'");
   EXPECT_EQ(again.code, 0) << again.err;
@@ -353,6 +366,75 @@ TEST_F(Preprocess, ShardsAreAnInputAndWebPAnOutput) {
   EXPECT_FALSE(fs::exists(data_ / "out"));
 }
 
+// An input that kills its worker (or hangs it past the timeout) is found, skipped and listed;
+// with on_error: stop the job ends naming the worker's death.
+TEST_F(Preprocess, AnInputThatKillsOrHangsItsWorkerIsSkippedOrStopsTheJob) {
+  ASSERT_EQ(run_ferry("preprocess '" + job("reference").string() + "'").code, 0);
+  const ferry::vision::WebDataset reference(
+      ferry::vision::expand_shards((dir_ / "reference").string()));
+  ferry::vision::ImageFolder folder(data_.string());
+  const std::string victim = fs::relative(folder.items()[13].path, data_).string();
+  const std::string hung = fs::relative(folder.items()[30].path, data_).string();
+  const fs::path file = job("out", "", "workers: 2\ntimeout: 2\n");
+  const Result r =
+      run_ferry("preprocess '" + file.string() + "'",
+                "FERRY_PREPROCESS_CRASH_INPUT=" + victim + " FERRY_PREPROCESS_HANG_INPUT=" + hung);
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("one at a time"));
+  const json stats = json::parse(slurp(dir_ / "out" / "stats.json"));
+  EXPECT_EQ(stats["images"], 38);
+  ASSERT_EQ(stats["skipped"], 2);
+  EXPECT_EQ(stats["skipped_inputs"][0]["path"], victim);
+  EXPECT_THAT(stats["skipped_inputs"][0]["error"].get<std::string>(), HasSubstr("died"));
+  EXPECT_EQ(stats["skipped_inputs"][1]["path"], hung);
+  // Every other sample is there, with the bytes an undisturbed run wrote.
+  const ferry::vision::WebDataset written(ferry::vision::expand_shards((dir_ / "out").string()));
+  ASSERT_EQ(written.size(), 38u);
+  std::size_t k = 0;
+  for (std::size_t i = 0; i < reference.size(); ++i) {
+    if (i == 13 || i == 30) continue;
+    EXPECT_EQ(written.samples()[k].key, reference.samples()[i].key);
+    EXPECT_TRUE(torch::equal(written.read_field(k, "jpg"), reference.read_field(i, "jpg")));
+    ++k;
+  }
+  const Result stop = run_ferry(
+      "preprocess '" + file.string() + "' --set on_error=stop " + "--set output.path=stopped",
+      "FERRY_PREPROCESS_CRASH_INPUT=" + victim);
+  EXPECT_EQ(stop.code, 1);
+  EXPECT_THAT(stop.err, HasSubstr("SIGSEGV"));
+}
+
+// Names from a shard's members never lead outside the output folder.
+TEST_F(Preprocess, TarMemberNamesStayInsideTheOutput) {
+  const fs::path script = dir_ / "evil.py";
+  std::ofstream(script) << R"(
+import io, sys, tarfile
+jpeg = open(sys.argv[2], "rb").read()
+with tarfile.open(sys.argv[1], "w") as t:
+    for i, key in enumerate(["../../escaped", "/tmp/ferry_absolute_escape", "ok"]):
+        for ext, data in (("cls", str(i).encode()), ("jpg", jpeg)):
+            info = tarfile.TarInfo(key + "." + ext)
+            info.size = len(data)
+            t.addfile(info, io.BytesIO(data))
+)";
+  ferry::vision::ImageFolder folder(data_.string());
+  fs::create_directories(dir_ / "in");
+  ASSERT_EQ(std::system(("/usr/bin/python3 '" + script.string() + "' '" +
+                         (dir_ / "in" / "evil.tar").string() + "' '" + folder.items()[0].path + "'")
+                            .c_str()),
+            0);
+  const fs::path file = dir_ / "evil.yaml";
+  std::ofstream(file) << "input: {webdataset: {shards: in/evil.tar}}\n"
+                      << "output: {path: out/tree, format: tree}\nworkers: 1\n";
+  const Result r = run_ferry("preprocess '" + file.string() + "'");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(fs::exists(dir_ / "out" / "tree" / "outside" / "escaped.jpg"));
+  EXPECT_TRUE(fs::exists(dir_ / "out" / "tree" / "outside" / "tmp" / "ferry_absolute_escape.jpg"));
+  EXPECT_TRUE(fs::exists(dir_ / "out" / "tree" / "ok.jpg"));
+  EXPECT_FALSE(fs::exists(dir_ / "escaped.jpg"));
+  EXPECT_FALSE(fs::exists("/tmp/ferry_absolute_escape.jpg"));
+}
+
 TEST_F(Preprocess, ShardsCutByBytesStayUnderTheLimitAndResume) {
   const fs::path file = job("bytes", "", "workers: 2\n", "shard_bytes: 40000");
   const Result r = run_ferry("preprocess '" + file.string() + "'");
@@ -434,6 +516,13 @@ TEST_F(Preprocess, ConfigErrorsNameThePlaceAndTheReason) {
   EXPECT_THAT(r.err, AllOf(HasSubstr("x.yaml:5:"), HasSubstr("quality")));
   r = run_ferry("preprocess '" + job("y", "", "transforms: [to_tensor]\n").string() + "'");
   EXPECT_EQ(r.code, 1);
+  // A folder that holds other files and is not a job's output is not written into.
+  fs::create_directories(dir_ / "taken");
+  std::ofstream(dir_ / "taken" / "notes.txt") << "mine";
+  r = run_ferry("preprocess '" + job("taken").string() + "'");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err,
+              AllOf(HasSubstr("notes.txt"), HasSubstr("not the output of a preprocess job")));
   r = run_ferry("validate '" + job("z").string() + "'");
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_THAT(r.out, AllOf(HasSubstr("valid preprocess job (40 inputs"), HasSubstr("7 shards")));

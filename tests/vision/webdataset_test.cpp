@@ -316,6 +316,34 @@ TEST_F(WebDatasetTest, LyingHeadersAndStaleIndexesAreErrorsNotCrashes) {
   } catch (const ferry::DataError& e) {
     EXPECT_THAT(e.what(), HasSubstr("stale"));
   }
+  // An index whose offsets lie inside the shard but on no member's bytes: stale.
+  std::ofstream(dir_ / "t.tar.idx", std::ios::trunc)
+      << "v1.2 1\ncls 100 1 a.cls jpg 1536 10 a.jpg\n";
+  EXPECT_THROW(ferry::vision::WebDataset({shard.string()}), ferry::DataError);
+  // A pax record whose length wraps around: an error, not an endless loop.
+  {
+    TarWriter writer(shard);
+    writer.add("PaxHeader/a", as_bytes(std::string("18446744073709551615 path=x\n")));
+    writer.add("a.jpg", as_bytes("x"));
+    writer.finish();
+  }
+  std::string pax = slurp(shard);
+  pax[156] = 'x';
+  unsigned sum = 0;
+  for (int i = 0; i < 512; ++i)
+    sum += (i >= 148 && i < 156) ? ' ' : static_cast<unsigned char>(pax[i]);
+  char digits[8];
+  std::snprintf(digits, sizeof digits, "%06o", sum);
+  pax.replace(148, 6, digits, 6);
+  std::ofstream(shard, std::ios::binary | std::ios::trunc) << pax;
+  try {
+    list_tar(shard);
+    ADD_FAILURE() << "a malformed pax record was accepted";
+  } catch (const ferry::DataError& e) {
+    EXPECT_THAT(e.what(), HasSubstr("pax"));
+  }
+  std::ofstream(shard, std::ios::binary | std::ios::trunc) << good;
+  fs::remove(dir_ / "t.tar.idx");
   ferry::vision::WebDatasetOptions no_index;
   no_index.use_index = false;
   EXPECT_EQ(ferry::vision::WebDataset({shard.string()}, no_index).size(), 1u);
