@@ -38,6 +38,7 @@
 #include "ferry/version.h"
 #include "ferry/vision.h"
 
+#include "cli/run.h"
 #include "config/components.h"
 #include "datasets/tar.h"
 #include "ipc/files.h"
@@ -1058,17 +1059,6 @@ std::size_t sweep_folder(const Job& job) {
 }
 
 // ---- progress ----
-
-std::string duration(double seconds) {
-  const auto s = static_cast<long long>(seconds);
-  char out[32];
-  if (s >= 3600) {
-    std::snprintf(out, sizeof out, "%lld:%02lld:%02lld", s / 3600, s / 60 % 60, s % 60);
-  } else {
-    std::snprintf(out, sizeof out, "%lld:%02lld", s / 60, s % 60);
-  }
-  return out;
-}
 
 struct Progress {
   std::size_t total = 0;  // inputs this run will read

@@ -28,18 +28,6 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-std::string duration(double seconds) {
-  if (!std::isfinite(seconds) || seconds < 0) return "?";
-  const auto s = static_cast<long long>(std::llround(seconds));
-  char out[32];
-  if (s >= 3600) {
-    std::snprintf(out, sizeof out, "%lld:%02lld:%02lld", s / 3600, s / 60 % 60, s % 60);
-  } else {
-    std::snprintf(out, sizeof out, "%lld:%02lld", s / 60, s % 60);
-  }
-  return out;
-}
-
 std::ofstream open_output(const std::string& path, const char* option) {
   std::ofstream out(path);
   if (!out) {
@@ -124,6 +112,18 @@ class StopSignals {
 };
 
 }  // namespace
+
+std::string duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const auto s = static_cast<long long>(std::llround(seconds));
+  char out[32];
+  if (s >= 3600) {
+    std::snprintf(out, sizeof out, "%lld:%02lld:%02lld", s / 3600, s / 60 % 60, s % 60);
+  } else {
+    std::snprintf(out, sizeof out, "%lld:%02lld", s / 60, s % 60);
+  }
+  return out;
+}
 
 std::string for_this_rank(std::string path) {
   const auto at = path.find("{rank}");

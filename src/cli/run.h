@@ -29,6 +29,9 @@ inline constexpr int kPreempted = 75;
 // Returns the process's exit code; throws ferry::Error for a failure.
 int run_pipeline(const RunOptions& options);
 
+// Seconds as M:SS or H:MM:SS for progress lines ("?" when not a finite, non-negative number).
+std::string duration(double seconds);
+
 // `path` with "{rank}" replaced by this process's rank from its launcher (0 without one), so
 // that every rank of a job started with one command line writes its own file.
 std::string for_this_rank(std::string path);

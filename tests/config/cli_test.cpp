@@ -13,6 +13,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "support/command.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -20,18 +22,8 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
-struct Result {
-  int code = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string slurp(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using Result = ferry::test::CommandResult;
+using ferry::test::slurp;
 
 class Cli : public ::testing::Test {
  protected:
@@ -53,21 +45,8 @@ class Cli : public ::testing::Test {
 
   // Runs `ferry ARGS` with the sample data as FERRY_SAMPLE_DATA (stdin closed, not a terminal).
   static Result run_ferry(const std::string& args, const std::string& env = "") {
-    const fs::path out =
-        fs::temp_directory_path() / ("ferry_cli_out_" + std::to_string(::getpid()));
-    const fs::path err =
-        fs::temp_directory_path() / ("ferry_cli_err_" + std::to_string(::getpid()));
-    const std::string command = "FERRY_SAMPLE_DATA='" + data_.string() + "' FERRY_WORKERS=2 " +
-                                env + " " + FERRY_CLI + " " + args + " > '" + out.string() +
-                                "' 2> '" + err.string() + "' < /dev/null";
-    const int status = std::system(command.c_str());
-    Result r;
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    r.out = slurp(out);
-    r.err = slurp(err);
-    fs::remove(out);
-    fs::remove(err);
-    return r;
+    return ferry::test::run_command("FERRY_SAMPLE_DATA='" + data_.string() + "' FERRY_WORKERS=2 " +
+                                    env + " " + FERRY_CLI + " " + args);
   }
   static std::string config(const std::string& name) {
     return (fs::path(FERRY_SOURCE_DIR) / "configs" / name).string();

@@ -20,6 +20,8 @@
 #include "ferry/sample_context.h"
 #include "ferry/vision.h"
 
+#include "support/command.h"
+
 namespace {
 
 namespace fs = std::filesystem;
@@ -27,18 +29,8 @@ using nlohmann::json;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-struct Result {
-  int code = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string slurp(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using Result = ferry::test::CommandResult;
+using ferry::test::slurp;
 
 // Every regular file under `dir` (hidden ones too), by relative path.
 std::map<std::string, std::string> snapshot(const fs::path& dir) {
@@ -81,19 +73,7 @@ class Preprocess : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
 
   static Result run_ferry(const std::string& args, const std::string& env = "") {
-    const std::string tag = std::to_string(::getpid());
-    const fs::path out = fs::temp_directory_path() / ("ferry_pre_out_" + tag);
-    const fs::path err = fs::temp_directory_path() / ("ferry_pre_err_" + tag);
-    const std::string command = env + " " + FERRY_CLI + " " + args + " > '" + out.string() +
-                                "' 2> '" + err.string() + "' < /dev/null";
-    const int status = std::system(command.c_str());
-    Result r;
-    r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    r.out = slurp(out);
-    r.err = slurp(err);
-    fs::remove(out);
-    fs::remove(err);
-    return r;
+    return ferry::test::run_command(env + " " + FERRY_CLI + " " + args);
   }
 
   // A job over the sample data (40 images in 4 classes), in shards of 6: 7 parts.

@@ -19,6 +19,7 @@
 #include "ferry/vision.h"
 
 #include "datasets/tar.h"
+#include "support/command.h"
 
 namespace {
 
@@ -27,12 +28,7 @@ using ferry::vision::detail::list_tar;
 using ferry::vision::detail::TarWriter;
 using ::testing::HasSubstr;
 
-std::string slurp(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using ferry::test::slurp;
 
 std::span<const std::uint8_t> as_bytes(const std::string& s) {
   return {reinterpret_cast<const std::uint8_t*>(s.data()), s.size()};
