@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -191,6 +192,14 @@ class FolderLock {
       throw Error(str(path.string(), ": flock failed: ", std::strerror(errno),
                       " (a file system without locks? write the output to a local disk)"));
     }
+    // Its holder may have let it go (and removed the file) between our open and flock: then a
+    // lock on that removed file means nothing; count it as held, so the caller tries again.
+    struct stat locked {};
+    struct stat named {};
+    if (::fstat(fd.get(), &locked) != 0 || ::stat(path.c_str(), &named) != 0 ||
+        locked.st_ino != named.st_ino || locked.st_dev != named.st_dev) {
+      return std::nullopt;
+    }
     return FolderLock(path, std::move(fd));
   }
   FolderLock(FolderLock&&) noexcept = default;
@@ -205,11 +214,15 @@ class FolderLock {
   ipc::UniqueFd fd_;
 };
 
-// The lock of one part, held while it is written.
-FolderLock take_part(const Job& job, std::size_t part) {
+std::string lock_file(std::size_t part) {
   char name[32];
   std::snprintf(name, sizeof name, "part-%06zu.lock", part);
-  std::optional<FolderLock> lock = FolderLock::try_take(job.out / kStateDir / name);
+  return name;
+}
+
+// The lock of one part, held while it is written.
+FolderLock take_part(const Job& job, std::size_t part) {
+  std::optional<FolderLock> lock = FolderLock::try_take(job.out / kStateDir / lock_file(part));
   if (!lock) {
     throw Error(str(job.out.string(), ": part ", part, " is being written by another process ",
                     "right now (a rank started twice, or ranks started with different ",
@@ -559,7 +572,7 @@ struct Record {
 };
 
 // Checks a record against the plan and the files it names; throws Error saying what is off.
-Record check_record(const Job& job, std::size_t part, const json& j) {
+Record check_record(const Job& job, std::size_t part, const json& j, bool check_files) {
   if (j.at("fingerprint").get<std::string>() != job.fingerprint) {
     throw Error("written by another job");
   }
@@ -576,9 +589,11 @@ Record check_record(const Job& job, std::size_t part, const json& j) {
   add_totals(scratch, r.totals);  // well-formed numbers
   if (scratch.images + scratch.skipped.size() != r.inputs) throw Error("its counts do not add up");
   std::error_code ec;
-  for (const auto& f : r.files) {
+  for (const auto& f : check_files ? r.files : json::array()) {
     const std::string name = job.shards ? f.at("name").get<std::string>() : f.get<std::string>();
-    if (name.empty() || name.find("..") != std::string::npos || name.front() == '/') {
+    const fs::path named(name);
+    if (name.empty() || named.is_absolute() ||
+        std::any_of(named.begin(), named.end(), [](const fs::path& p) { return p == ".."; })) {
       throw Error(str("it names the file '", name, "'"));
     }
     const fs::path file = job.out / name;
@@ -597,7 +612,8 @@ Record check_record(const Job& job, std::size_t part, const json& j) {
 
 // The records of finished parts, by part number; a record that does not check out is reported
 // and its part written again.
-std::map<std::size_t, Record> read_records(const Job& job) {
+// `check_files`: also that the files a record names are there (a stat each).
+std::map<std::size_t, Record> read_records(const Job& job, bool check_files = true) {
   std::map<std::size_t, Record> records;
   const fs::path dir = job.out / kStateDir;
   std::error_code ec;
@@ -610,7 +626,8 @@ std::map<std::size_t, Record> read_records(const Job& job) {
       continue;
     }
     try {
-      records[part] = check_record(job, part, json::parse(ipc::read_file(entry.path(), "record")));
+      records[part] =
+          check_record(job, part, json::parse(ipc::read_file(entry.path(), "record")), check_files);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "ferry: warning: %s: %s; part %zu is written again\n",
                    entry.path().c_str(), e.what(), part);
@@ -619,26 +636,62 @@ std::map<std::size_t, Record> read_records(const Job& job) {
   return records;
 }
 
-// Temporaries a killed run left in the folder: those of recorded parts and of dead writers
-// (ones whose lock nobody holds). Run when every part is recorded, under the finish lock.
+// Temporaries a killed run left in the folder, by the names the job gives them: a part's (its
+// shard's, its index's, its record's, its lock), taken only when that part's lock is free, and
+// job.json's and the statistics' (whose writers run under the finish lock this caller holds).
 std::size_t sweep_folder(const Job& job) {
   std::size_t removed = 0;
   std::error_code ec;
-  for (const fs::path& dir : {job.out, job.out / kStateDir}) {
-    std::vector<fs::path> found;
-    for (const auto& entry : fs::directory_iterator(dir, ec)) found.push_back(entry.path());
-    for (const fs::path& path : found) {
-      const std::string name = path.filename().string();
-      const bool temporary = name.find(".partial") != std::string::npos;
-      const bool lock = dir != job.out && name.size() > 5 &&
-                        name.compare(name.size() - 5, 5, ".lock") == 0 && name != "finish.lock";
-      if (lock) {
-        // Free: its holder is gone (FolderLock's destructor removes the file when done).
-        if (FolderLock::try_take(path)) ++removed;
-      } else if (temporary && fs::remove(path, ec)) {
-        ++removed;
-      }
+  const auto part_of = [](const std::string& name,
+                          const char* format) -> std::optional<std::size_t> {
+    std::size_t part = 0;
+    int end = 0;
+    if (std::sscanf(name.c_str(), format, &part, &end) == 1 && end > 0 &&
+        static_cast<std::size_t>(end) == name.size()) {
+      return part;
     }
+    return std::nullopt;
+  };
+  const std::string shard_format = job.prefix + "-%zu.tar%n";
+  std::map<std::size_t, std::vector<fs::path>> parts;  // part -> its temporaries
+  std::vector<fs::path> others;
+  for (const fs::path& dir : {job.out, job.out / kStateDir}) {
+    for (const auto& entry : fs::directory_iterator(dir, ec)) {
+      const fs::path& path = entry.path();
+      const std::string name = path.filename().string();
+      std::optional<std::size_t> part;
+      if (dir == job.out) {
+        for (const char* tail : {".partial", ".idx.partial"}) {
+          if (name.size() > std::strlen(tail) &&
+              name.compare(name.size() - std::strlen(tail), std::strlen(tail), tail) == 0) {
+            const std::string stem = name.substr(0, name.size() - std::strlen(tail));
+            if (auto p = part_of(stem, shard_format.c_str()); p && stem == shard_name(job, *p)) {
+              part = p;
+            }
+          }
+        }
+        if (name.rfind(job.stats_name + ".partial", 0) == 0) others.push_back(path);
+      } else {
+        if (auto p = part_of(name, "part-%zu.json.partial%n");
+            p && name == part_file(*p) + ".partial") {
+          part = p;
+        }
+        if (auto p = part_of(name, "part-%zu.lock%n")) part = p;
+        if (name.rfind("job.json.partial", 0) == 0) others.push_back(path);
+      }
+      if (part) parts[*part].push_back(path);
+    }
+  }
+  for (const auto& [part, paths] : parts) {
+    // Free: its writer is gone. (Taking it, then letting it go, removes the lock file.)
+    std::optional<FolderLock> lock = FolderLock::try_take(job.out / kStateDir / lock_file(part));
+    if (!lock) continue;
+    for (const fs::path& path : paths) {
+      if (path.extension() != ".lock" && fs::remove(path, ec)) ++removed;
+    }
+  }
+  for (const fs::path& path : others) {
+    if (fs::remove(path, ec)) ++removed;
   }
   return removed;
 }
@@ -726,29 +779,46 @@ json statistics(const Job& job, const std::map<std::size_t, Record>& records) {
 
 }  // namespace
 
-// A worker died or hung. Loading one at a time: the input in hand caused it, and is skipped.
-// Otherwise the inputs it may have held (`window` from the cursor) are loaded again one at a
-// time to find that one.
+// A worker died or hung. While loading one at a time, the input in hand is blamed only when the
+// worker held it (not one that failed to start) and it takes a fresh worker down a second time:
+// a death from outside (the OOM killer, a stray SIGKILL) seldom strikes the same input twice.
+// Otherwise the inputs it may have held (`window` from the cursor) are loaded again one at a time.
+struct LostWorker {
+  std::string what;    // the loader's message (pid, worker, batch: not for the output)
+  std::string reason;  // for the statistics: the same on every run
+  std::vector<std::int64_t> held;
+};
+
 template <class Take>
-void handle_lost_worker(const std::string& what,
+void handle_lost_worker(const LostWorker& lost,
                         bool isolating,
                         std::size_t& cursor,
                         std::size_t& isolate_until,
+                        std::size_t& strikes,
                         const std::vector<std::int64_t>& positions,
                         Take& take,
                         std::size_t window) {
-  const std::string first_line = what.substr(0, what.find('\n'));
-  if (isolating) {
+  const std::string first_line = lost.what.substr(0, lost.what.find('\n'));
+  const bool held =
+      std::find(lost.held.begin(), lost.held.end(), positions[cursor]) != lost.held.end();
+  if (isolating && held && ++strikes >= 2) {
     const std::int64_t meta[kMetaSize] = {};
-    const std::string error = str("its worker died or hung while loading it: ", first_line);
-    take(Row{positions[cursor], {}, meta, &error});
+    take(Row{positions[cursor], {}, meta, &lost.reason});
     ++cursor;
+    strikes = 0;
     return;
   }
-  isolate_until = std::min(positions.size(), cursor + window);
+  if (isolating && !held) {
+    throw Error(str("preprocess: a worker was lost while it held no input (", first_line,
+                    "); run again to resume"));
+  }
+  if (!isolating) {
+    isolate_until = std::min(positions.size(), cursor + window);
+    strikes = 0;
+  }
   std::fprintf(stderr,
                "ferry: warning: %s\npreprocess: loading the next %zu inputs one at a time, to "
-               "find and skip the one that caused it\n",
+               "find the one that caused it\n",
                first_line.c_str(), isolate_until - cursor);
 }
 
@@ -877,6 +947,7 @@ int run_preprocess(const PreprocessOptions& options) {
   // that kills its worker is found and skipped (on_error: skip) and the rest are written.
   std::size_t cursor = 0;         // into positions: the next input to write
   std::size_t isolate_until = 0;  // [cursor, isolate_until) load one at a time
+  std::size_t strikes = 0;        // lost workers while the input at the cursor was loading
   const std::size_t prefetch = 2;
   while (cursor < positions.size()) {
     const bool isolating = cursor < isolate_until;
@@ -949,17 +1020,25 @@ int run_preprocess(const PreprocessOptions& options) {
           offset += static_cast<std::size_t>(length[i]);
           take(row);
           ++cursor;
+          strikes = 0;
         }
         progress.show(false);
       }
     } catch (const WorkerError& e) {
-      if (dynamic_cast<const WorkerDiedError*>(&e) == nullptr) throw;
-      if (job.stop_on_error) throw;
-      handle_lost_worker(e.what(), isolating, cursor, isolate_until, positions, take,
-                         job.batch_size * (job.workers * prefetch + 1));
+      const auto* died = dynamic_cast<const WorkerDiedError*>(&e);
+      if (died == nullptr || job.stop_on_error) throw;
+      const std::string reason =
+          died->signal() != 0
+              ? str("its worker died of signal ", died->signal(), " (", ::strsignal(died->signal()),
+                    ") while loading it, twice")
+              : str("its worker exited with code ", died->exit_code(), " while loading it, twice");
+      handle_lost_worker({e.what(), reason, e.failure().indices}, isolating, cursor, isolate_until,
+                         strikes, positions, take, job.batch_size * (job.workers * prefetch + 1));
     } catch (const TimeoutError& e) {
       if (job.stop_on_error) throw;
-      handle_lost_worker(e.what(), isolating, cursor, isolate_until, positions, take,
+      handle_lost_worker({e.what(), "its worker hung past the timeout while loading it, twice",
+                          e.failure().indices},
+                         isolating, cursor, isolate_until, strikes, positions, take,
                          job.batch_size * (job.workers * prefetch + 1));
     }
   }
@@ -975,39 +1054,61 @@ int run_preprocess(const PreprocessOptions& options) {
   const fs::path stats_path = job.out / job.stats_name;
   json stats;
   bool complete = false;
-  for (int attempt = 0;; ++attempt) {
-    std::optional<FolderLock> finishing = FolderLock::try_take(state_dir / "finish.lock");
-    if (!finishing) {
-      if (attempt >= 3000) {
-        throw Error(str(state_dir.string(), "/finish.lock: held by another process for 30 s; ",
-                        "run again when it is done"));
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      continue;
+  // Ranks that finish together take turns (a turn reads the records and writes one file).
+  const auto waited_since = std::chrono::steady_clock::now();
+  std::optional<FolderLock> finishing;
+  while (!(finishing = FolderLock::try_take(state_dir / "finish.lock"))) {
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - waited_since).count();
+    if (waited > 600) {
+      throw Error(str(state_dir.string(), "/finish.lock: held by another process for 10 ",
+                      "minutes; this rank's parts are done: run it again to write the statistics"));
     }
-    records = read_records(job);
-    if (job.shard_bytes) {
-      std::size_t covered = 0;
-      for (const auto& [part, record] : records) covered += record.inputs;
-      complete = covered == n;
-    } else {
-      complete = records.size() == total_parts;
-      for (std::size_t part = 0; complete && part < total_parts; ++part) {
-        complete = records.count(part) != 0;
-      }
-    }
-    if (complete) {
-      const std::size_t removed = sweep_folder(job);
-      if (removed > 0) {
-        std::fprintf(stderr, "preprocess: removed %zu temporary files that killed runs left\n",
-                     removed);
-      }
-      stats = statistics(job, records);
-      ipc::write_file_atomically(stats_path, stats.dump(1) + "\n", "statistics",
-                                 stats_path.string() + ".partial");
-    }
-    break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+  // This run's parts were checked as they were written, the others' by their ranks.
+  records = read_records(job, /*check_files=*/false);
+  if (job.shard_bytes) {
+    // One chain of shards from input 0; records past its end are from a run that cut
+    // differently (a worker lost in one run and not the other): they and their files go.
+    std::size_t covered = 0;
+    std::size_t part = 0;
+    while (records.count(part) != 0 && records[part].first == covered) {
+      covered += records[part].inputs;
+      ++part;
+    }
+    complete = covered == n;
+    if (complete) {
+      std::error_code ec;
+      for (auto it = records.lower_bound(part); it != records.end();) {
+        fs::remove(job.out / shard_name(job, it->first), ec);
+        fs::remove(job.out / (shard_name(job, it->first) + ".idx"), ec);
+        fs::remove(state_dir / part_file(it->first), ec);
+        it = records.erase(it);
+      }
+      for (std::size_t later = part;; ++later) {  // shards past the end with no record
+        const bool shard = fs::remove(job.out / shard_name(job, later), ec);
+        const bool index = fs::remove(job.out / (shard_name(job, later) + ".idx"), ec);
+        if (!shard && !index) break;
+      }
+    }
+  } else {
+    complete = records.size() == total_parts;
+    for (std::size_t part = 0; complete && part < total_parts; ++part) {
+      complete = records.count(part) != 0;
+    }
+  }
+  if (complete) {
+    const std::size_t removed = sweep_folder(job);
+    if (removed > 0) {
+      std::fprintf(stderr, "preprocess: removed %zu temporary files that killed runs left\n",
+                   removed);
+    }
+    stats = statistics(job, records);
+    ipc::write_file_atomically(stats_path, stats.dump(1) + "\n", "statistics",
+                               str(stats_path.string(), ".partial-", ::getpid()));
+  }
+  finishing.reset();
   const double seconds = progress.elapsed();
   const double rate = seconds > 0 ? static_cast<double>(progress.done) / seconds : 0.0;
   std::printf(

@@ -3,6 +3,8 @@
 // step of a part (and at random moments) and run again to the same bytes; a changed config
 // refused; bad inputs skipped and listed, or stopping the job; config errors with their place.
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -365,8 +367,11 @@ TEST_F(Preprocess, AnInputThatKillsOrHangsItsWorkerIsSkippedOrStopsTheJob) {
   EXPECT_EQ(stats["images"], 38);
   ASSERT_EQ(stats["skipped"], 2);
   EXPECT_EQ(stats["skipped_inputs"][0]["path"], victim);
-  EXPECT_THAT(stats["skipped_inputs"][0]["error"].get<std::string>(), HasSubstr("died"));
+  EXPECT_THAT(stats["skipped_inputs"][0]["error"].get<std::string>(),
+              HasSubstr("died of signal 11"));
   EXPECT_EQ(stats["skipped_inputs"][1]["path"], hung);
+  EXPECT_THAT(stats["skipped_inputs"][1]["error"].get<std::string>(),
+              HasSubstr("hung past the timeout"));
   // Every other sample is there, with the bytes an undisturbed run wrote.
   const ferry::vision::WebDataset written(ferry::vision::expand_shards((dir_ / "out").string()));
   ASSERT_EQ(written.size(), 38u);
@@ -464,6 +469,27 @@ TEST_F(Preprocess, RanksSplitThePartsAndTheirUnionIsTheOneProcessOutput) {
   ASSERT_EQ(redo.code, 0) << redo.err;
   EXPECT_EQ(json::parse(slurp(dir_ / "redo.json"))["parts_written"], 2);
   EXPECT_TRUE(snapshot(dir_ / "ranks") == snapshot(dir_ / "one"));
+}
+
+// A part another process is writing (its lock held) is not written twice: the job stops and
+// says why; once the lock is free the same command finishes the job.
+TEST_F(Preprocess, APartBeingWrittenElsewhereStopsTheJob) {
+  const fs::path file = job("out");
+  fs::create_directories(dir_ / "out" / ".ferry-preprocess");
+  const fs::path lock = dir_ / "out" / ".ferry-preprocess" / "part-000003.lock";
+  const int fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX), 0);
+  const Result r = run_ferry("preprocess '" + file.string() + "'");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_THAT(r.err, AllOf(HasSubstr("part 3 is being written by another process"),
+                           HasSubstr("--world-size")));
+  ::close(fd);  // the other writer died without finishing: its lock file stays, unlocked
+  const Result again = run_ferry("preprocess '" + file.string() + "'");
+  ASSERT_EQ(again.code, 0) << again.err;
+  EXPECT_FALSE(fs::exists(lock));
+  ASSERT_EQ(run_ferry("preprocess '" + job("reference").string() + "'").code, 0);
+  EXPECT_TRUE(snapshot(dir_ / "out") == snapshot(dir_ / "reference"));
 }
 
 TEST_F(Preprocess, AChangedConfigIsRefusedAndTheOutputKept) {
