@@ -124,6 +124,12 @@ class EncodeDataset : public Dataset {
       error = str("OpenCV: ", e.what());
     }
     if (error.empty() && data.numel() == 0) error = "the encoder wrote no bytes";
+    if (!error.empty()) {
+      // What a bad header claimed (a width of 4 billion) is not sent on: a skipped input
+      // carries its error alone.
+      meta.zero_();
+      data = torch::empty({0}, torch::kUInt8);
+    }
     return Example{{"data", data}, {"meta", meta}, {"error", error}};
   }
 

@@ -123,7 +123,7 @@ TarMember TarWriter::add(std::string_view name, std::span<const std::uint8_t> by
   header[156] = '0';
   std::memcpy(header.data() + 257, "ustar", 6);  // with its NUL
   std::memcpy(header.data() + 263, "00", 2);
-  std::memcpy(header.data() + 345, prefix.data(), prefix.size());
+  if (!prefix.empty()) std::memcpy(header.data() + 345, prefix.data(), prefix.size());
   // The checksum: six octal digits, a NUL and a space, as tar writes it.
   const std::uint32_t sum = checksum(header.data());
   put_octal(header.data() + 148, 7, sum);

@@ -555,6 +555,10 @@ TEST_F(Preprocess, BadInputsAreSkippedAndListedOrStopTheJob) {
     write("j" + std::to_string(cut) + ".jpg", jpeg.data(), cut);
   for (std::size_t cut = 0; cut <= png.size(); ++cut)
     write("p" + std::to_string(cut) + ".png", png.data(), cut);
+  // A header that claims a width of 4 billion: refused (max_pixels), and the claim goes nowhere.
+  std::vector<std::uint8_t> wide = png;
+  wide[16] = wide[17] = wide[18] = 0xff;
+  write("wide.png", wide.data(), wide.size());
   std::vector<std::uint8_t> flipped = jpeg;
   for (std::size_t i = 2; i < flipped.size(); i += 3) flipped[i] ^= 0x5a;
   write("flipped.jpg", flipped.data(), flipped.size());
@@ -586,6 +590,7 @@ TEST_F(Preprocess, BadInputsAreSkippedAndListedOrStopTheJob) {
   EXPECT_THAT(reasons["in/j0.jpg"], HasSubstr("empty"));
   EXPECT_THAT(reasons["in/folder.jpg"], HasSubstr("directory"));
   EXPECT_THAT(reasons["in/dangling.jpg"], HasSubstr("cannot open"));
+  EXPECT_EQ(reasons.count("in/wide.png"), 1u);
   EXPECT_EQ(reasons.count("in/j" + std::to_string(jpeg.size()) + ".jpg"), 0u);  // whole files
   EXPECT_EQ(reasons.count("in/p" + std::to_string(png.size()) + ".png"), 0u);
   EXPECT_GT(reasons.size(), png.size() / 2);  // most cuts of the PNG are refused
