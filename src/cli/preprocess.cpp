@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 #include <span>
 #include <thread>
+#include <tuple>
 
 #include <opencv2/core.hpp>
 
@@ -828,6 +829,18 @@ void handle_lost_worker(const LostWorker& lost,
                first_line.c_str(), isolate_until - cursor);
 }
 
+// shard_bytes: the records that chain from input 0 (each starting where the one before ended):
+// how many parts, and how many inputs they cover.
+std::pair<std::size_t, std::size_t> chain_of(const std::map<std::size_t, Record>& records) {
+  std::size_t part = 0;
+  std::size_t covered = 0;
+  for (auto it = records.find(0);
+       it != records.end() && it->first == part && it->second.first == covered; ++it, ++part) {
+    covered += it->second.inputs;
+  }
+  return {part, covered};
+}
+
 // ---- the job ----
 
 int run_preprocess(const PreprocessOptions& options) {
@@ -874,10 +887,7 @@ int run_preprocess(const PreprocessOptions& options) {
     }
   } else {
     std::size_t part = 0;
-    while (records.count(part) != 0 && records[part].first == start) {
-      start += records[part].inputs;
-      ++part;
-    }
+    std::tie(part, start) = chain_of(records);
     // Records past a gap belong to a run that did not finish before them: never the case for
     // one writer, but a record that does not continue the chain is not trusted.
     for (auto it = records.lower_bound(part); it != records.end();) it = records.erase(it);
@@ -1077,12 +1087,7 @@ int run_preprocess(const PreprocessOptions& options) {
   if (job.shard_bytes) {
     // One chain of shards from input 0; records past its end are from a run that cut
     // differently (a worker lost in one run and not the other): they and their files go.
-    std::size_t covered = 0;
-    std::size_t part = 0;
-    while (records.count(part) != 0 && records[part].first == covered) {
-      covered += records[part].inputs;
-      ++part;
-    }
+    const auto [part, covered] = chain_of(records);
     complete = covered == n;
     if (complete) {
       std::error_code ec;
