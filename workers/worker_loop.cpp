@@ -11,9 +11,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <mutex>
 #include <optional>
 #include <string>
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
 
@@ -159,6 +161,17 @@ class ExpectedSegment {
   std::optional<collate::ExpectedBatch> batch_;
 };
 
+// Seeds LibTorch's default CPU generator only. at::manual_seed also seeds every CUDA generator,
+// which starts CUDA: in a worker forked after the main process started it, that throws ("CUDA
+// error: initialization error"); in any other worker it makes a CUDA context per worker (hundreds
+// of MB of GPU memory, and descriptors) that no worker may use. PyTorch's workers likewise never
+// seed CUDA: torch.manual_seed queues that lazily, and a forked worker never runs it.
+void seed_cpu_generator(std::uint64_t seed) {
+  auto generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_current_seed(seed);
+}
+
 class Worker {
  public:
   Worker(const WorkerSpec& spec, ipc::Channel index, ipc::Channel data)
@@ -179,7 +192,7 @@ class Worker {
   }
 
   [[noreturn]] void run() {
-    at::manual_seed(spec_.torch_seed);
+    seed_cpu_generator(spec_.torch_seed);
     if (spec_.worker_init_fn) {
       try {
         spec_.worker_init_fn(spec_.worker_id);
@@ -442,8 +455,9 @@ void run_worker(const WorkerSpec& spec, ipc::Channel index, ipc::Channel data) {
     Worker worker(spec, std::move(index), std::move(data));
     worker.run();
   } catch (...) {
-    std::fprintf(stderr, "ferry: DataLoader worker %zu: unexpected error: %s\n", spec.worker_id,
-                 current_exception_type_name().c_str());
+    std::fprintf(stderr, "ferry: DataLoader worker %zu: unexpected error (%s): %s\n",
+                 spec.worker_id, current_exception_type_name().c_str(),
+                 current_exception_message().c_str());
   }
   std::fflush(stderr);
   ::_exit(1);
