@@ -1419,7 +1419,8 @@ int run_device(const Args& args) {
 
   struct DeviceRow {
     Config config;
-    Cell cpu{}, device{}, pinned{}, pytorch{};                              // MB/s
+    Cell cpu{}, device{}, pinned{}, pytorch{};              // MB/s
+    Cell loop_copy{}, pin_loop_copy{}, pinned_copy_loop{};  // the loop copies (MB/s)
     Cell step_alone{}, ferry_step{}, pytorch_step_alone{}, pytorch_step{};  // per step or batch
   };
   std::vector<DeviceRow> rows;
@@ -1467,6 +1468,27 @@ int run_device(const Args& args) {
             [&] { return run_ferry(c.workload, c.num_workers, args.budget, on_device); });
     collect(row.pinned, args.repeat, describe("ferry-pin+device", c),
             [&] { return run_ferry(c.workload, c.num_workers, args.budget, pinned); });
+    // The loop copies each host batch itself, as PyTorch's loops do: from shared memory as it
+    // is, with pin_memory (pinned in place once a segment is page-locked), and as a pinned copy
+    // made on the loop's thread first (what pin_memory without a device did before segments were
+    // page-locked for it).
+    FerrySetup loop_copy = cpu;
+    loop_copy.max_batches_per_s = rate(raw[c.workload]);
+    loop_copy.step = [device](const ferry::Batch& batch) {
+      (void)batch.to(device, /*non_blocking=*/true);
+    };
+    FerrySetup pin_loop_copy = loop_copy;
+    pin_loop_copy.pin_memory = true;
+    FerrySetup pinned_copy_loop = loop_copy;
+    pinned_copy_loop.step = [device](const ferry::Batch& batch) {
+      (void)batch.pin_memory().to(device, /*non_blocking=*/true);
+    };
+    collect(row.loop_copy, args.repeat, describe("ferry+loop-copy", c),
+            [&] { return run_ferry(c.workload, c.num_workers, args.budget, loop_copy); });
+    collect(row.pin_loop_copy, args.repeat, describe("ferry-pin+loop-copy", c),
+            [&] { return run_ferry(c.workload, c.num_workers, args.budget, pin_loop_copy); });
+    collect(row.pinned_copy_loop, args.repeat, describe("ferry+pinned-copy+loop-copy", c),
+            [&] { return run_ferry(c.workload, c.num_workers, args.budget, pinned_copy_loop); });
     if (!step) continue;
     FerrySetup stepped = pinned;
     stepped.step = [&step = *step](const ferry::Batch& batch) { step(batch); };
@@ -1545,6 +1567,29 @@ int run_device(const Args& args) {
                "device/cpu", "device/pytorch", "pin+device/pytorch"},
               table, 2, args.markdown);
 
+  std::printf(
+      "\n%sThe loop copies each host batch itself (.to(device, non_blocking=true)), MB/s. "
+      "no pin: ferry without pin_memory;\n%spin: with pin_memory (pinned in place once a "
+      "segment is page-locked); pinned copy: without it, the loop\n%smaking a pinned copy first "
+      "(Batch::pin_memory()); pytorch: as above.\n\n",
+      comment, comment, comment);
+  std::vector<std::vector<std::string>> loop_table;
+  for (const DeviceRow& row : rows) {
+    const Workload w = row.config.workload;
+    const auto plain = throughput(row.loop_copy, w);
+    const auto pin = throughput(row.pin_loop_copy, w);
+    const auto copied = throughput(row.pinned_copy_loop, w);
+    const auto py = throughput(row.pytorch, w);
+    loop_table.push_back(
+        {std::string(name(w)), std::to_string(row.config.num_workers),
+         format_value(row.loop_copy, plain, 0), format_value(row.pin_loop_copy, pin, 0),
+         format_value(row.pinned_copy_loop, copied, 0), format_value(row.pytorch, py, 0),
+         format_ratio(pin, plain), format_ratio(pin, copied), format_ratio(pin, py)});
+  }
+  print_table({"workload", "workers", "no pin", "pin", "pinned copy", "pytorch", "pin/no pin",
+               "pin/pinned copy", "pin/pytorch"},
+              loop_table, 2, args.markdown);
+
   if (args.gpu_step_ms > 0) {
     std::printf("\n%sGPU step, calibrated to %g ms: ", comment, args.gpu_step_ms);
     if (!step) {
@@ -1595,6 +1640,9 @@ int run_device(const Args& args) {
         {"ferry cpu", &row.cpu},
         {"ferry device", &row.device},
         {"ferry pin+device", &row.pinned},
+        {"ferry, loop copies", &row.loop_copy},
+        {"ferry pin_memory, loop copies", &row.pin_loop_copy},
+        {"ferry, loop pins and copies", &row.pinned_copy_loop},
         {"pytorch", &row.pytorch},
         {"step alone", &row.step_alone},
         {"ferry + step", &row.ferry_step},

@@ -47,10 +47,13 @@ struct DataLoaderOptions {
   std::size_t num_workers = 0;                   // 0: load in the calling thread
   std::optional<std::size_t> prefetch_factor{};  // batches in flight per worker; 2 with workers
   bool persistent_workers = false;
-  /// Batches come in pinned memory (is_pinned()): a pinned copy, as PyTorch's, whose memory
-  /// LibTorch keeps until the loop's own non_blocking copies from it have run. With a CUDA
-  /// `device` it changes nothing (ferry copies from page-locked shared memory itself). Needs a
-  /// CUDA LibTorch and a GPU (a ConfigError says so otherwise).
+  /// Batches come in pinned memory (is_pinned()). With workers, each shared-memory segment is
+  /// page-locked once, when it first comes back for reuse, and batches in it are pinned without
+  /// a copy; a segment goes back to its worker only after the GPU work queued on the dropping
+  /// thread's current stream before the batch was dropped (the loop's own non_blocking copies).
+  /// Other batches are pinned copies, as PyTorch's. With a CUDA `device` it changes nothing
+  /// (ferry copies from page-locked shared memory itself). Needs a CUDA LibTorch and a GPU (a
+  /// ConfigError says so otherwise).
   bool pin_memory = false;
   bool drop_last = false;
   std::chrono::milliseconds timeout{0};  // 0: wait forever; YAML gives seconds

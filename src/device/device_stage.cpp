@@ -38,6 +38,17 @@ std::string why_no_cuda() {
          "CUDA_VISIBLE_DEVICES)";
 }
 
+// A pinned copy of every CPU tensor, even one that already reports itself pinned: a segment whose
+// page-lock the locking thread is just finishing must not be handed out unfenced.
+Batch pinned_copy(Batch batch) {
+  for (const auto& name : batch.names()) {
+    const auto* t = std::get_if<torch::Tensor>(batch.find(name));
+    if (t == nullptr || !t->is_cpu()) continue;
+    batch.set(name, torch::empty(t->sizes(), t->options().pinned_memory(true)).copy_(*t));
+  }
+  return batch;
+}
+
 template <class F>
 void for_each_tensor(const Batch& batch, F&& f) {
   for (const auto& name : batch) {
@@ -97,20 +108,22 @@ DeviceStage::~DeviceStage() {
   }
   lock_queue_.clear();
   // Copies still in flight read host memory that goes back to the workers (or is unmapped) when
-  // their batches go: wait for them, with a bound, so a GPU that never finishes cannot hang the
-  // program's shutdown. Past the bound, their host memory is deliberately kept (leaked).
+  // their batches go, and so may the loop's own queued copies from segments held in fenced_:
+  // wait for them, with a bound, so a GPU that never finishes cannot hang the program's shutdown.
+  // Past the bound, their host memory is deliberately kept (leaked).
   const auto deadline = std::chrono::steady_clock::now() + kShutdownWait;
   const std::lock_guard<std::mutex> lock(mutex_);
   try {
-    while (!in_flight_.empty()) {
-      if (in_flight_.front().done->query()) {
-        in_flight_.pop_front();
-      } else if (std::chrono::steady_clock::now() >= deadline) {
-        throw Error(detail::str(in_flight_.size(), " copies to ", device_->str(),
+    for (;;) {
+      while (!in_flight_.empty() && in_flight_.front().done->query()) in_flight_.pop_front();
+      std::erase_if(fenced_, [](const Fenced& f) { return f.done.query(); });
+      if (in_flight_.empty() && fenced_.empty()) break;
+      if (std::chrono::steady_clock::now() >= deadline) {
+        throw Error(detail::str(in_flight_.size(), " copies and ", fenced_.size(),
+                                " batches' queued GPU work on cuda:", device_index_,
                                 " did not complete within ", kShutdownWait.count(), " s"));
-      } else {
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr,
@@ -118,11 +131,54 @@ DeviceStage::~DeviceStage() {
                  "kept, not freed, so that no copy reads freed memory\n",
                  message_of(e).c_str());
     new std::deque<InFlight>(std::move(in_flight_));  // NOLINT: leaked on purpose
+    new std::vector<Fenced>(std::move(fenced_));      // NOLINT: leaked on purpose
+  }
+}
+
+void DeviceStage::return_after_queued_work(std::shared_ptr<void> held) {
+  try {
+    const c10::Stream current = guard_->getStream(
+        c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device_index_)));
+    c10::Event done(c10::DeviceType::CUDA);
+    done.record(current);
+    const std::lock_guard<std::mutex> lock(mutex_);
+    fenced_.push_back({std::move(done), std::move(held)});
+  } catch (const std::exception& e) {
+    // CUDA failed: nothing can be waited for, and a copy queued before this has failed too.
+    static std::once_flag warned;
+    std::call_once(warned, [&] {
+      std::fprintf(stderr,
+                   "ferry: warning: could not order a pinned batch's return after the GPU work "
+                   "queued from it (%s); its shared memory goes back to its worker now\n",
+                   message_of(e).c_str());
+    });
+  }
+}
+
+void DeviceStage::wait_for_queued_work(int device_index) noexcept {
+  try {
+    const c10::impl::VirtualGuardImpl guard(c10::DeviceType::CUDA);
+    const c10::Stream current = guard.getStream(
+        c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device_index)));
+    c10::Event done(c10::DeviceType::CUDA);  // c10::Event has no synchronize() in LibTorch 1.13
+    done.record(current);
+    const auto deadline = std::chrono::steady_clock::now() + kShutdownWait;
+    while (!done.query()) {
+      if (std::chrono::steady_clock::now() >= deadline) {
+        throw Error(detail::str("it did not complete within ", kShutdownWait.count(), " s"));
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr,
+                 "ferry: warning: could not wait for the GPU work queued from a pinned batch "
+                 "(%s); its shared memory is unmapped now\n",
+                 message_of(e).c_str());
   }
 }
 
 void DeviceStage::page_lock_later(std::shared_ptr<LockableRange> range) {
-  if (!device_ || range->requested_) return;
+  if (!guard_ || range->requested_) return;
   range->requested_ = true;
   {
     const std::lock_guard<std::mutex> lock(lock_mutex_);
@@ -175,10 +231,15 @@ StagedBatch DeviceStage::start(Batch host, bool page_locked) {
   release_completed();
   if (!device_) {
     run_transforms(host);
-    // pin_memory without a device: a pinned copy from LibTorch's caching host allocator, which
-    // records the loop's own non_blocking copies from it, so its memory is not reused under
-    // them. A batch in shared memory could go back to its worker while such a copy is queued.
-    if (pin_) host = host.pin_memory();
+    if (pin_) {
+      // pin_memory without a device. A batch in a page-locked segment is pinned as it is: its
+      // segment goes back to its worker only after the GPU work the loop queued before dropping
+      // it (the loader fences the return, return_after_queued_work). Anything else (a segment
+      // not yet locked, a one-off segment, what a transform made) becomes a pinned copy from
+      // LibTorch's caching host allocator, which records the loop's copies from it. `page_locked`
+      // was read before this call and only ever turns true, so the fence sees it too.
+      host = page_locked ? host.pin_memory() : pinned_copy(std::move(host));
+    }
     return {std::move(host), nullptr};
   }
   // The copy reads `source` asynchronously: keep it until the copy's event has completed.
@@ -224,12 +285,17 @@ Batch DeviceStage::finish(StagedBatch staged) const {
 
 void DeviceStage::release_completed() {
   std::vector<InFlight> done;
+  std::vector<std::shared_ptr<void>> returned;
   {
     const std::lock_guard<std::mutex> lock(mutex_);
     while (!in_flight_.empty() && in_flight_.front().done->query()) {
       done.push_back(std::move(in_flight_.front()));
       in_flight_.pop_front();
     }
+    for (auto& f : fenced_) {
+      if (f.done.query()) returned.push_back(std::move(f.held));
+    }
+    std::erase_if(fenced_, [](const Fenced& f) { return f.held == nullptr; });
   }
   // Dropped outside the lock: a host batch's last reference sends its segment back.
 }

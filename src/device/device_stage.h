@@ -9,6 +9,7 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include <c10/core/Event.h>
 #include <c10/core/Stream.h>
@@ -67,11 +68,23 @@ class DeviceStage {
   DeviceStage(const DeviceStage&) = delete;
   DeviceStage& operator=(const DeviceStage&) = delete;
 
-  // Whether the loader should page-lock the shared-memory segments it maps: with a CUDA device,
-  // whose copies the stage issues itself and waits for before a segment goes back to its worker,
-  // so they need no staging copy. (pin_memory alone hands host batches to the loop, whose own
-  // copies from them the stage cannot see: those batches are pinned copies.)
-  bool page_locks_segments() const noexcept { return device_.has_value(); }
+  // Whether the loader should page-lock the shared-memory segments it maps: with pin_memory or a
+  // CUDA device. Batches in page-locked segments are pinned without a copy.
+  bool page_locks_segments() const noexcept { return guard_.has_value(); }
+  // pin_memory without a device: host batches reach the loop in page-locked shared memory, and
+  // the loop may queue non_blocking copies from them that the stage cannot see. A segment such a
+  // batch held must go back to its worker only after that work: see return_after_queued_work.
+  bool fences_returns() const noexcept { return pin_ && !device_; }
+  // The CUDA device segments are page-locked for (with pin_memory or a device).
+  int device_index() const noexcept { return device_index_; }
+  // Keeps `held` (whose destruction sends a segment back to its worker) until the GPU work queued
+  // so far on the calling thread's current stream has completed: the loop's own non_blocking
+  // copies from a batch are queued there before it drops the batch (as PyTorch's caching host
+  // allocator records them). Any thread; never blocks on the GPU.
+  void return_after_queued_work(std::shared_ptr<void> held);
+  // The same once no stage is left (the loader is gone but the loop still held a batch): waits,
+  // on the calling thread, for the work queued so far on its current stream of `device_index`.
+  static void wait_for_queued_work(int device_index) noexcept;
   // Asks for `range` to be page-locked, once, on the stage's own thread (about 50 ms for 38.5 MB,
   // which the training loop must not wait for); until then its batches take a pinned copy. The
   // pointer keeps the memory alive while the request waits (an aliasing shared_ptr to its owner).
@@ -89,7 +102,8 @@ class DeviceStage {
   // stream waits for the batch's event, and its device tensors are recorded on that stream, so
   // LibTorch's caching allocator does not reuse their memory while the loop's work is queued.
   Batch finish(StagedBatch staged) const;
-  // Lets go of host batches whose copies have completed (their segments return to the workers).
+  // Lets go of host batches whose copies have completed, and of segments held for the loop's
+  // queued work that has completed (their segments return to the workers).
   void release_completed();
   // Host batches whose copies are still in flight (tests).
   std::size_t in_flight() const;
@@ -108,6 +122,11 @@ class DeviceStage {
   std::optional<c10::Stream> stream_;                 // the copy stream
   mutable std::mutex mutex_;
   std::deque<InFlight> in_flight_;  // in stream order, so completion is in order too
+  struct Fenced {
+    c10::Event done;
+    std::shared_ptr<void> held;
+  };
+  std::vector<Fenced> fenced_;  // return_after_queued_work's; on any streams, so in no order
 
   // The page-locking thread, started at the first request, and its queue.
   void lock_ranges() noexcept;

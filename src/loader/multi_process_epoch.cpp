@@ -20,13 +20,30 @@ namespace ferry::detail {
 namespace {
 
 // Holds a segment's mapping for as long as any tensor of its batch lives; then sends the segment
-// back to its worker (through the pool's recycle queue, if the pool still exists).
+// back to its worker (through the pool's recycle queue, if the pool still exists). With
+// pin_memory alone, a batch in a page-locked segment may have non_blocking copies queued from it
+// when the loop drops it: the segment then goes back only once the work queued on the dropping
+// thread's current stream has completed (the device stage keeps it until then).
 struct SegmentLease {
   std::shared_ptr<MappedSegment> mapping;
   std::weak_ptr<RecycleQueue> queue;
   std::size_t worker = 0;
   std::uint64_t segment_id = 0;
+  std::weak_ptr<device::DeviceStage> fence;  // set when the stage fences_returns()
+  int fence_device = -1;                     // its device, for when the stage is gone
   ~SegmentLease() {
+    if (fence_device >= 0 && mapping && mapping->page_lock.locked()) {
+      if (auto stage = fence.lock()) {
+        auto rest = std::make_shared<SegmentLease>();
+        rest->mapping = std::move(mapping);
+        rest->queue = std::move(queue);
+        rest->worker = worker;
+        rest->segment_id = segment_id;
+        stage->return_after_queued_work(std::move(rest));
+        return;
+      }
+      device::DeviceStage::wait_for_queued_work(fence_device);  // before the unmap
+    }
     if (auto q = queue.lock()) {
       std::lock_guard<std::mutex> lock(q->mutex);
       q->items.emplace_back(worker, segment_id);
@@ -521,6 +538,10 @@ void MultiProcessEpoch::handle_message(WorkerSlot& w,
       if (!current) return;  // the lease recycles the segment as it goes
       const ipc::MappedRegion& region = mapping->region;
       const auto& stage = state_->stage;
+      if (stage && stage->fences_returns()) {
+        lease->fence = stage;
+        lease->fence_device = stage->device_index();
+      }
       // A segment is page-locked once it comes back for reuse, on the stage's own thread (about
       // 50 ms for 38.5 MB); until then, and for one-off segments, batches take a pinned copy.
       if (reused && stage && stage->page_locks_segments()) {

@@ -184,37 +184,80 @@ TEST(Gpu, AModelOnTheGpuBeforeAForkLoaderIsBuilt) {
   }
 }
 
-// pin_memory without a device: pinned host batches that the loop copies itself, non_blocking,
-// then drops while its stream is still busy (the usual PyTorch loop). They are pinned copies from
-// LibTorch's caching host allocator, which records those copies, so no batch's memory is reused
-// under a copy still queued; shared memory would go back to its worker at once.
-TEST(Gpu, PinMemoryBatchesArePinnedAndSafeForTheLoopsOwnNonBlockingCopies) {
-  REQUIRE_CUDA();
-  const std::size_t before = device::live_host_registrations();
-  std::vector<std::pair<torch::Tensor, std::vector<std::int64_t>>> copied;
-  {
-    DataLoader loader(std::make_shared<Images>(16 * 40),
-                      {.batch_size = 16, .num_workers = 2, .pin_memory = true});
-    for (auto& b : loader) {
-      EXPECT_TRUE(b["image"].is_pinned());
-      EXPECT_TRUE(b["label"].is_pinned());
-      EXPECT_TRUE(b["image"].device().is_cpu());
-      EXPECT_FALSE(in_shared_segment(b["image"].data_ptr()));
-      busy_gpu(3);  // the copy below queues behind this; the batch is dropped long before it runs
-      copied.emplace_back(b["image"].to(kCuda, /*non_blocking=*/true), b.indices());
-    }
-    EXPECT_EQ(device::live_host_registrations(), before) << "nothing is page-locked in place";
-  }
-  torch::cuda::synchronize();
-  ASSERT_EQ(copied.size(), 40u);
+// Checks copies of batches made on the GPU against the dataset's values.
+void expect_copies_equal(
+    const std::vector<std::pair<torch::Tensor, std::vector<std::int64_t>>>& copied) {
   for (std::size_t k = 0; k < copied.size(); ++k) {
     const auto host = copied[k].first.cpu();
     for (std::size_t i = 0; i < copied[k].second.size(); ++i) {
       ASSERT_TRUE(
           torch::equal(host[static_cast<std::int64_t>(i)], expected_image(copied[k].second[i])))
-          << "batch " << k << " row " << i;
+          << "batch " << k << " row " << i << " (index " << copied[k].second[i] << ")";
     }
   }
+}
+
+// pin_memory without a device: pinned host batches that the loop copies itself, non_blocking,
+// then drops while its stream is still busy (the usual PyTorch loop). Once a segment is
+// page-locked its batches are pinned in place (no copy); the segment goes back to its worker only
+// after the work queued on the loop's stream before the drop, so no copy reads a later batch.
+TEST(Gpu, PinMemoryBatchesArePinnedInPlaceAndSafeForTheLoopsOwnNonBlockingCopies) {
+  REQUIRE_CUDA();
+  const std::size_t before = device::live_host_registrations();
+  std::vector<std::pair<torch::Tensor, std::vector<std::int64_t>>> copied;
+  std::vector<std::size_t> in_place(6, 0);
+  {
+    DataLoader loader(
+        std::make_shared<Images>(16 * 40),
+        {.batch_size = 16, .num_workers = 2, .persistent_workers = true, .pin_memory = true});
+    for (auto& count : in_place) {
+      for (auto& b : loader) {
+        EXPECT_TRUE(b["image"].is_pinned());
+        EXPECT_TRUE(b["label"].is_pinned());
+        EXPECT_TRUE(b["image"].device().is_cpu());
+        if (in_shared_segment(b["image"].data_ptr())) ++count;
+        busy_gpu(3);  // the copy below queues behind this; the batch is dropped long before it runs
+        copied.emplace_back(b["image"].to(kCuda, /*non_blocking=*/true), b.indices());
+      }
+    }
+    EXPECT_GT(device::live_host_registrations(), before) << "segments are page-locked in place";
+  }
+  EXPECT_EQ(device::live_host_registrations(), before) << "and unlocked with their loader";
+  std::string counts;
+  for (const auto n : in_place) counts += std::to_string(n) + " ";
+  EXPECT_GT(in_place[4] + in_place[5], 0u) << "batches pinned in place per epoch: " << counts;
+  std::printf("batches pinned in place per epoch (of 40): %s\n", counts.c_str());
+  torch::cuda::synchronize();
+  ASSERT_EQ(copied.size(), 240u);
+  expect_copies_equal(copied);
+}
+
+// A batch pinned in place that outlives its loader: dropping it waits for the work queued on its
+// stream before the memory is unlocked and unmapped.
+TEST(Gpu, APinnedBatchDroppedAfterItsLoaderIsGoneWaitsForItsQueuedCopies) {
+  REQUIRE_CUDA();
+  const std::size_t before = device::live_host_registrations();
+  std::vector<Batch> held;
+  {
+    DataLoader loader(
+        std::make_shared<Images>(16 * 8),
+        {.batch_size = 16, .num_workers = 2, .persistent_workers = true, .pin_memory = true});
+    for (int epoch = 0; epoch < 20 && held.size() < 3; ++epoch) {
+      for (auto& b : loader) {
+        if (held.size() < 3 && in_shared_segment(b["image"].data_ptr())) held.push_back(b);
+      }
+    }
+  }
+  ASSERT_FALSE(held.empty()) << "no batch was pinned in place in 20 epochs";
+  std::vector<std::pair<torch::Tensor, std::vector<std::int64_t>>> copied;
+  for (auto& b : held) {
+    busy_gpu(20);
+    copied.emplace_back(b["image"].to(kCuda, /*non_blocking=*/true), b.indices());
+  }
+  held.clear();  // unlocks and unmaps each segment, after its copy
+  EXPECT_EQ(device::live_host_registrations(), before);
+  torch::cuda::synchronize();
+  expect_copies_equal(copied);
 }
 
 // Copies held in flight (GPU work queued ahead of each on the copy stream) while the loop keeps
@@ -374,16 +417,19 @@ TEST(Gpu, ALoaderDestroyedWithCopiesInFlightWaitsForThemAndLeavesNothingLocked) 
   EXPECT_EQ(device::live_host_registrations(), before);
 }
 
-// 50 epochs, non-persistent (new workers and segments each epoch) and persistent: no growth in
-// page-locked segments, descriptors, host or GPU memory after the first epochs.
+// 50 epochs, non-persistent (new workers and segments each epoch) and persistent, to a device and
+// pinned on the host: no growth in page-locked segments, descriptors, host or GPU memory after
+// the first epochs.
 TEST(Gpu, FiftyEpochsLeaveNoGrowth) {
   REQUIRE_CUDA();
-  for (const bool persistent : {false, true}) {
-    DataLoader loader(std::make_shared<Images>(8 * 12), {.batch_size = 8,
-                                                         .num_workers = 4,
-                                                         .persistent_workers = persistent,
-                                                         .pin_memory = true,
-                                                         .device = kCuda});
+  for (const auto& [persistent, on_device] :
+       {std::pair{false, true}, {true, true}, {false, false}, {true, false}}) {
+    DataLoader loader(std::make_shared<Images>(8 * 12),
+                      {.batch_size = 8,
+                       .num_workers = 4,
+                       .persistent_workers = persistent,
+                       .pin_memory = true,
+                       .device = on_device ? std::optional<torch::Device>(kCuda) : std::nullopt});
     struct Peak {
       std::size_t registrations = 0, fds = 0;
       std::int64_t rss = 0, gpu = 0;
@@ -409,10 +455,12 @@ TEST(Gpu, FiftyEpochsLeaveNoGrowth) {
     // end depends on timing; what must hold is a bound: 4 workers keep at most about 6 segments
     // each, and without persistent_workers the previous epoch's may not be gone yet (2 x 24).
     // A leak of one epoch's segments per epoch would pass 150 by epoch 49.
-    EXPECT_LE(late.registrations, 48u) << "persistent=" << persistent;
-    EXPECT_LE(late.fds, early.fds) << "persistent=" << persistent;
-    EXPECT_LE(late.rss, early.rss + (16 << 20)) << "persistent=" << persistent;
-    EXPECT_LE(late.gpu, early.gpu + (32 << 20)) << "persistent=" << persistent;
+    EXPECT_LE(late.registrations, 48u) << "persistent=" << persistent << " device=" << on_device;
+    EXPECT_LE(late.fds, early.fds) << "persistent=" << persistent << " device=" << on_device;
+    EXPECT_LE(late.rss, early.rss + (16 << 20))
+        << "persistent=" << persistent << " device=" << on_device;
+    EXPECT_LE(late.gpu, early.gpu + (32 << 20))
+        << "persistent=" << persistent << " device=" << on_device;
   }
 }
 
@@ -423,17 +471,22 @@ FERRY_EACH_START_METHOD(GpuModes);
 TEST_P(GpuModes, EveryModeDeliversExactlyOnceOnTheGpu) {
   REQUIRE_CUDA();
   for (const bool in_order : {true, false}) {
-    for (const bool persistent : {false, true}) {
-      DataLoader loader(testing::ledger(150, 96), {.batch_size = 8,
-                                                   .num_workers = 2,
-                                                   .persistent_workers = persistent,
-                                                   .pin_memory = true,
-                                                   .in_order = in_order,
-                                                   .device = kCuda});
+    for (const auto& [persistent, on_device] :
+         {std::pair{false, true}, {true, true}, {false, false}, {true, false}}) {
+      DataLoader loader(testing::ledger(150, 96),
+                        {.batch_size = 8,
+                         .num_workers = 2,
+                         .persistent_workers = persistent,
+                         .pin_memory = true,
+                         .in_order = in_order,
+                         .device = on_device ? std::optional<torch::Device>(kCuda) : std::nullopt});
       for (std::uint64_t epoch = 0; epoch < 2; ++epoch) {
         std::vector<std::int64_t> seen;
         for (auto& b : loader) {
-          ASSERT_EQ(b["payload"].device(), kCuda);
+          ASSERT_EQ(b["payload"].device(), on_device ? kCuda : torch::Device(torch::kCPU));
+          if (!on_device) {
+            ASSERT_TRUE(b["payload"].is_pinned());
+          }
           const auto payload = b["payload"].cpu();
           const auto index = b["index"].cpu();
           for (std::int64_t r = 0; r < payload.size(0); ++r) {
@@ -443,7 +496,8 @@ TEST_P(GpuModes, EveryModeDeliversExactlyOnceOnTheGpu) {
           }
         }
         EXPECT_EQ(sorted(seen), iota(150))
-            << "in_order=" << in_order << " persistent=" << persistent << " epoch " << epoch;
+            << "in_order=" << in_order << " persistent=" << persistent << " device=" << on_device
+            << " epoch " << epoch;
       }
     }
   }
