@@ -95,8 +95,9 @@ class DeviceStage {
   // page-locked memory, `page_locked`, else from a pinned copy) and the device transforms are
   // issued on the stage's stream now, and `host` is kept until they have completed, so its
   // shared memory cannot be recycled under the copy. Without a device, the transforms run here,
-  // then pin_memory makes a pinned copy. Throws ferry::Error naming the batch (and the transform)
-  // if a copy or transform fails.
+  // then pin_memory keeps `host` where it is when `page_locked` (the loader fences its
+  // segment's return), else makes a pinned copy. Throws ferry::Error naming the batch (and the
+  // transform) if a copy or transform fails.
   StagedBatch start(Batch host, bool page_locked);
   // Hands a started batch to the training loop, on the calling thread: the thread's current
   // stream waits for the batch's event, and its device tensors are recorded on that stream, so
@@ -115,7 +116,7 @@ class DeviceStage {
     Batch host;
   };
   std::optional<torch::Device> device_;  // a CUDA device with its index, or unset (host only)
-  bool pin_ = false;                     // without a device: host batches as pinned copies
+  bool pin_ = false;                     // without a device: host batches in pinned memory
   int device_index_ = 0;                 // the CUDA device segments are page-locked for
   BatchTransforms transforms_;
   std::optional<c10::impl::VirtualGuardImpl> guard_;  // CUDA's, with pin_memory or a device
