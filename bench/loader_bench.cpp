@@ -1422,6 +1422,7 @@ int run_device(const Args& args) {
     Cell cpu{}, device{}, pinned{}, pytorch{};              // MB/s
     Cell loop_copy{}, pin_loop_copy{}, pinned_copy_loop{};  // the loop copies (MB/s)
     Cell step_alone{}, ferry_step{}, pytorch_step_alone{}, pytorch_step{};  // per step or batch
+    Cell pin_loop_step{};  // ferry pin_memory, the loop copying, then the step (per batch)
   };
   std::vector<DeviceRow> rows;
   for (Workload w : workloads) {
@@ -1496,6 +1497,12 @@ int run_device(const Args& args) {
             [&] { return run_step_alone(c.workload, *step, device, args.budget); });
     collect(row.ferry_step, args.repeat, describe("ferry+step", c),
             [&] { return run_ferry(c.workload, c.num_workers, args.budget, stepped); });
+    FerrySetup pin_loop_stepped = pin_loop_copy;
+    pin_loop_stepped.step = [&step = *step, device](const ferry::Batch& batch) {
+      step(batch.to(device, /*non_blocking=*/true));
+    };
+    collect(row.pin_loop_step, args.repeat, describe("ferry-pin+loop-copy+step", c),
+            [&] { return run_ferry(c.workload, c.num_workers, args.budget, pin_loop_stepped); });
   }
 
   PeerResults peer, peer_step;
@@ -1615,16 +1622,19 @@ int run_device(const Args& args) {
       for (const DeviceRow& row : rows) {
         const auto alone = ms_per_batch(row.step_alone);
         const auto ferry_loop = ms_per_batch(row.ferry_step);
+        const auto pin_loop = ms_per_batch(row.pin_loop_step);
         const auto py_alone = ms_per_batch(row.pytorch_step_alone);
         const auto py_loop = ms_per_batch(row.pytorch_step);
         steps.push_back(
             {std::string(name(row.config.workload)), std::to_string(row.config.num_workers),
              format_value(row.step_alone, alone, 2), format_value(row.ferry_step, ferry_loop, 2),
-             format_overhead(ferry_loop, alone), format_value(row.pytorch_step_alone, py_alone, 2),
+             format_overhead(ferry_loop, alone), format_value(row.pin_loop_step, pin_loop, 2),
+             format_overhead(pin_loop, alone), format_value(row.pytorch_step_alone, py_alone, 2),
              format_value(row.pytorch_step, py_loop, 2), format_overhead(py_loop, py_alone)});
       }
       print_table({"workload", "workers", "step alone (ms)", "ferry + step (ms)", "ferry overhead",
-                   "pytorch step alone (ms)", "pytorch + step (ms)", "pytorch overhead"},
+                   "ferry pin, loop copies + step (ms)", "its overhead", "pytorch step alone (ms)",
+                   "pytorch + step (ms)", "pytorch overhead"},
                   steps, 2, args.markdown);
     }
   }
@@ -1646,6 +1656,7 @@ int run_device(const Args& args) {
         {"pytorch", &row.pytorch},
         {"step alone", &row.step_alone},
         {"ferry + step", &row.ferry_step},
+        {"ferry pin, loop copies + step", &row.pin_loop_step},
         {"pytorch step alone", &row.pytorch_step_alone},
         {"pytorch + step", &row.pytorch_step}};
     for (const auto& [loader, cell] : cells) {

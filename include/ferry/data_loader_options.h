@@ -50,9 +50,11 @@ struct DataLoaderOptions {
   /// Batches come in pinned memory (is_pinned()). With workers, each shared-memory segment is
   /// page-locked once, when it first comes back for reuse, and batches in it are pinned without
   /// a copy; a segment goes back to its worker only after the GPU work queued on the dropping
-  /// thread's current stream before the batch was dropped (the loop's own non_blocking copies).
-  /// Other batches are pinned copies, as PyTorch's. With a CUDA `device` it changes nothing
-  /// (ferry copies from page-locked shared memory itself). Needs a CUDA LibTorch and a GPU (a
+  /// thread's current streams (of the current device when the loader was built, and of every
+  /// other device in use) before the batch was dropped. So queue non_blocking copies from a
+  /// batch on the current stream, or order them before the drop (README: On the GPU). Other
+  /// batches are pinned copies, as PyTorch's. With a CUDA `device` it changes nothing (ferry
+  /// copies from page-locked shared memory itself). Needs a CUDA LibTorch and a GPU (a
   /// ConfigError says so otherwise).
   bool pin_memory = false;
   bool drop_last = false;

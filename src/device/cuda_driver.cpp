@@ -38,6 +38,8 @@ struct Driver {
   CUresult (*host_unregister)(void*) = nullptr;
   CUresult (*mem_get_info)(std::size_t*, std::size_t*) = nullptr;
   CUresult (*error_string)(CUresult, const char**) = nullptr;
+  CUresult (*device_count)(int*) = nullptr;
+  CUresult (*primary_ctx_state)(CUdevice, unsigned*, int*) = nullptr;
 
   static const Driver& get() {
     static const Driver driver = load();
@@ -69,6 +71,8 @@ struct Driver {
                sym(d.host_unregister, "cuMemHostUnregister") &&
                sym(d.mem_get_info, "cuMemGetInfo_v2");
     sym(d.error_string, "cuGetErrorString");
+    sym(d.device_count, "cuDeviceGetCount");
+    sym(d.primary_ctx_state, "cuDevicePrimaryCtxGetState");
     return d;
   }
 };
@@ -145,6 +149,24 @@ bool cuda_initialized() noexcept {
   }
   ::dlclose(driver);
   return initialised;
+}
+
+std::vector<int> devices_in_use() noexcept {
+  std::vector<int> in_use;
+  const Driver& driver = Driver::get();
+  if (!driver.loaded || driver.device_count == nullptr || driver.primary_ctx_state == nullptr) {
+    return in_use;
+  }
+  int devices = 0;
+  if (driver.device_count(&devices) != kCudaSuccess) return in_use;
+  for (int d = 0; d < devices; ++d) {
+    unsigned flags = 0;
+    int active = 0;
+    if (driver.primary_ctx_state(d, &flags, &active) == kCudaSuccess && active != 0) {
+      in_use.push_back(d);
+    }
+  }
+  return in_use;
 }
 
 HostRegistration HostRegistration::page_lock(void* data, std::size_t size, int device_index) {

@@ -2,6 +2,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace ferry::device {
 
@@ -42,6 +43,10 @@ class HostRegistration {
   void* data_ = nullptr;
   int device_index_ = 0;
 };
+
+// The CUDA devices whose primary context is active in this process (the ones LibTorch has used),
+// in index order; empty where there is no driver. Asks the driver only: starts nothing.
+std::vector<int> devices_in_use() noexcept;
 
 // Page-locked ranges alive in this process (tests: 50 epochs must not grow it).
 std::size_t live_host_registrations() noexcept;

@@ -1,5 +1,6 @@
 #include "device/device_stage.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <utility>
@@ -38,13 +39,17 @@ std::string why_no_cuda() {
          "CUDA_VISIBLE_DEVICES)";
 }
 
-// A pinned copy of every CPU tensor, even one that already reports itself pinned: a segment whose
-// page-lock the locking thread is just finishing must not be handed out unfenced.
+// A batch whose CPU tensors are all pinned copies: Tensor::pin_memory() for most, and a forced
+// copy (same layout) of any that already reports itself pinned, since a segment whose page-lock
+// the locking thread is just finishing must not be handed out unfenced.
 Batch pinned_copy(Batch batch) {
   for (const auto& name : batch.names()) {
     const auto* t = std::get_if<torch::Tensor>(batch.find(name));
     if (t == nullptr || !t->is_cpu()) continue;
-    batch.set(name, torch::empty(t->sizes(), t->options().pinned_memory(true)).copy_(*t));
+    batch.set(name, t->is_pinned() ? torch::empty_like(*t, t->options().pinned_memory(true),
+                                                       c10::MemoryFormat::Preserve)
+                                         .copy_(*t)
+                                   : t->pin_memory());
   }
   return batch;
 }
@@ -116,7 +121,7 @@ DeviceStage::~DeviceStage() {
   try {
     for (;;) {
       while (!in_flight_.empty() && in_flight_.front().done->query()) in_flight_.pop_front();
-      std::erase_if(fenced_, [](const Fenced& f) { return f.done.query(); });
+      std::erase_if(fenced_, [](const Fenced& f) { return f.completed(); });
       if (in_flight_.empty() && fenced_.empty()) break;
       if (std::chrono::steady_clock::now() >= deadline) {
         throw Error(detail::str(in_flight_.size(), " copies and ", fenced_.size(),
@@ -135,46 +140,71 @@ DeviceStage::~DeviceStage() {
   }
 }
 
-void DeviceStage::return_after_queued_work(std::shared_ptr<void> held) {
+namespace {
+
+// The devices whose current streams a fence covers: `device_index` and every other in use.
+std::vector<int> fenced_devices(int device_index) {
+  std::vector<int> devices = devices_in_use();
+  if (std::find(devices.begin(), devices.end(), device_index) == devices.end()) {
+    devices.push_back(device_index);
+  }
+  return devices;
+}
+
+// One event on the calling thread's current stream of each of `devices`.
+std::vector<c10::Event> record_on_current_streams(const c10::impl::VirtualGuardImpl& guard,
+                                                  const std::vector<int>& devices) {
+  std::vector<c10::Event> events;
+  events.reserve(devices.size());
+  for (const int d : devices) {
+    events.emplace_back(c10::DeviceType::CUDA);
+    events.back().record(
+        guard.getStream(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(d))));
+  }
+  return events;
+}
+
+}  // namespace
+
+bool DeviceStage::Fenced::completed() const {
+  return std::all_of(done.begin(), done.end(), [](const c10::Event& e) { return e.query(); });
+}
+
+bool DeviceStage::return_after_queued_work(std::shared_ptr<void>& held) noexcept {
   try {
-    const c10::Stream current = guard_->getStream(
-        c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device_index_)));
-    c10::Event done(c10::DeviceType::CUDA);
-    done.record(current);
+    Fenced fenced{record_on_current_streams(*guard_, fenced_devices(device_index_)), nullptr};
     const std::lock_guard<std::mutex> lock(mutex_);
-    fenced_.push_back({std::move(done), std::move(held)});
-  } catch (const std::exception& e) {
-    // CUDA failed: nothing can be waited for, and a copy queued before this has failed too.
-    static std::once_flag warned;
-    std::call_once(warned, [&] {
-      std::fprintf(stderr,
-                   "ferry: warning: could not order a pinned batch's return after the GPU work "
-                   "queued from it (%s); its shared memory goes back to its worker now\n",
-                   message_of(e).c_str());
-    });
+    fenced_.reserve(fenced_.size() + 1);  // nothing below throws once `held` moves
+    fenced.held = std::move(held);
+    fenced_.push_back(std::move(fenced));
+    return true;
+  } catch (...) {
+    return false;
   }
 }
 
-void DeviceStage::wait_for_queued_work(int device_index) noexcept {
+bool DeviceStage::wait_for_queued_work(int device_index) noexcept {
   try {
     const c10::impl::VirtualGuardImpl guard(c10::DeviceType::CUDA);
-    const c10::Stream current = guard.getStream(
-        c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(device_index)));
-    c10::Event done(c10::DeviceType::CUDA);  // c10::Event has no synchronize() in LibTorch 1.13
-    done.record(current);
+    // c10::Event has no synchronize() in LibTorch 1.13: poll.
+    const Fenced fenced{record_on_current_streams(guard, fenced_devices(device_index)), nullptr};
     const auto deadline = std::chrono::steady_clock::now() + kShutdownWait;
-    while (!done.query()) {
+    while (!fenced.completed()) {
       if (std::chrono::steady_clock::now() >= deadline) {
         throw Error(detail::str("it did not complete within ", kShutdownWait.count(), " s"));
       }
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
+    return true;
   } catch (const std::exception& e) {
     std::fprintf(stderr,
                  "ferry: warning: could not wait for the GPU work queued from a pinned batch "
-                 "(%s); its shared memory is unmapped now\n",
+                 "(%s); its shared memory is kept, not freed, so that no copy reads freed "
+                 "memory\n",
                  message_of(e).c_str());
+  } catch (...) {
   }
+  return false;
 }
 
 void DeviceStage::page_lock_later(std::shared_ptr<LockableRange> range) {
@@ -293,7 +323,7 @@ void DeviceStage::release_completed() {
       in_flight_.pop_front();
     }
     for (auto& f : fenced_) {
-      if (f.done.query()) returned.push_back(std::move(f.held));
+      if (f.completed()) returned.push_back(std::move(f.held));
     }
     std::erase_if(fenced_, [](const Fenced& f) { return f.held == nullptr; });
   }

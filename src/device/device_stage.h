@@ -51,10 +51,13 @@ class LockableRange {
 };
 
 // The device stage (DESIGN.md): between the loader, which assembles host batches, and the
-// training loop. With a CUDA device it page-locks recycled shared-memory segments, copies batches
-// there on one long-lived side stream as soon as they arrive, runs the device transforms there, and
-// hands each batch over with an event that the loop's stream waits on. It knows tensors and CUDA
-// (through LibTorch's device-generic API and the driver loaded at run time), nothing of workers.
+// training loop. With pin_memory or a CUDA device it page-locks recycled shared-memory segments.
+// With a CUDA device it copies batches there on one long-lived side stream as soon as they
+// arrive, runs the device transforms there, and hands each batch over with an event that the
+// loop's stream waits on. With pin_memory alone it hands over batches pinned in place and keeps
+// their segments, once dropped, until the GPU work queued before the drop has completed. It knows
+// tensors and CUDA (through LibTorch's device-generic API and the driver loaded at run time),
+// nothing of workers.
 //
 // Not thread-safe except where noted: the loader calls it from the iterating thread.
 class DeviceStage {
@@ -62,8 +65,8 @@ class DeviceStage {
   // `device` unset or the CPU: no copy. Throws ConfigError when pin_memory or a CUDA device is
   // asked of a LibTorch without CUDA or a machine without a GPU.
   DeviceStage(std::optional<torch::Device> device, bool pin_memory, BatchTransforms transforms);
-  // Waits for the copies in flight (at most 30 s; past that their host memory is kept, not
-  // freed), then lets go of their host batches.
+  // Waits for the copies in flight and the work queued before fenced segments were dropped (at
+  // most 30 s; past that their host memory is kept, not freed), then lets them go.
   ~DeviceStage();
   DeviceStage(const DeviceStage&) = delete;
   DeviceStage& operator=(const DeviceStage&) = delete;
@@ -77,14 +80,18 @@ class DeviceStage {
   bool fences_returns() const noexcept { return pin_ && !device_; }
   // The CUDA device segments are page-locked for (with pin_memory or a device).
   int device_index() const noexcept { return device_index_; }
-  // Keeps `held` (whose destruction sends a segment back to its worker) until the GPU work queued
-  // so far on the calling thread's current stream has completed: the loop's own non_blocking
-  // copies from a batch are queued there before it drops the batch (as PyTorch's caching host
-  // allocator records them). Any thread; never blocks on the GPU.
-  void return_after_queued_work(std::shared_ptr<void> held);
-  // The same once no stage is left (the loader is gone but the loop still held a batch): waits,
-  // on the calling thread, for the work queued so far on its current stream of `device_index`.
-  static void wait_for_queued_work(int device_index) noexcept;
+  // Takes `held` (whose destruction sends a segment back to its worker) and keeps it until the
+  // GPU work queued so far on the calling thread's current streams has completed: one event on
+  // the current stream of each device in use (the loader's and any other with an active
+  // context). The loop's own non_blocking copies from a batch are queued there before it drops
+  // the batch, if made on the current stream. Any thread; never blocks on the GPU. Returns false,
+  // leaving `held` alone, if the events cannot be recorded.
+  bool return_after_queued_work(std::shared_ptr<void>& held) noexcept;
+  // The same on the calling thread, for when no stage is left (the loader is gone but the loop
+  // still held a batch) or return_after_queued_work failed: waits (at most 30 s) for the work
+  // queued so far on its current streams. False if that could not be known: the caller must then
+  // keep the memory rather than free it under a copy.
+  static bool wait_for_queued_work(int device_index) noexcept;
   // Asks for `range` to be page-locked, once, on the stage's own thread (about 50 ms for 38.5 MB,
   // which the training loop must not wait for); until then its batches take a pinned copy. The
   // pointer keeps the memory alive while the request waits (an aliasing shared_ptr to its owner).
@@ -124,8 +131,9 @@ class DeviceStage {
   mutable std::mutex mutex_;
   std::deque<InFlight> in_flight_;  // in stream order, so completion is in order too
   struct Fenced {
-    c10::Event done;
+    std::vector<c10::Event> done;  // one per device in use
     std::shared_ptr<void> held;
+    bool completed() const;
   };
   std::vector<Fenced> fenced_;  // return_after_queued_work's; on any streams, so in no order
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <functional>
 #include <system_error>
 #include <thread>
 
@@ -22,27 +23,34 @@ namespace {
 // Holds a segment's mapping for as long as any tensor of its batch lives; then sends the segment
 // back to its worker (through the pool's recycle queue, if the pool still exists). With
 // pin_memory alone, a batch in a page-locked segment may have non_blocking copies queued from it
-// when the loop drops it: the segment then goes back only once the work queued on the dropping
-// thread's current stream has completed (the device stage keeps it until then).
+// when the loop drops it: once delivered (the fence is armed then), the segment goes back only
+// after the work queued on the dropping thread's current streams has completed (the device stage
+// keeps it until then). If that cannot be known, the memory is kept rather than freed.
 struct SegmentLease {
   std::shared_ptr<MappedSegment> mapping;
   std::weak_ptr<RecycleQueue> queue;
   std::size_t worker = 0;
   std::uint64_t segment_id = 0;
-  std::weak_ptr<device::DeviceStage> fence;  // set when the stage fences_returns()
+  std::weak_ptr<device::DeviceStage> fence;  // armed at delivery when the stage fences_returns()
   int fence_device = -1;                     // its device, for when the stage is gone
+
   ~SegmentLease() {
     if (fence_device >= 0 && mapping && mapping->page_lock.locked()) {
-      if (auto stage = fence.lock()) {
-        auto rest = std::make_shared<SegmentLease>();
+      try {
+        auto rest = std::make_shared<SegmentLease>();  // the same lease, without the fence
         rest->mapping = std::move(mapping);
         rest->queue = std::move(queue);
         rest->worker = worker;
         rest->segment_id = segment_id;
-        stage->return_after_queued_work(std::move(rest));
-        return;
+        std::shared_ptr<void> held = std::move(rest);
+        const auto stage = fence.lock();
+        if (stage && stage->return_after_queued_work(held)) return;
+        if (device::DeviceStage::wait_for_queued_work(fence_device)) return;  // `held` recycles
+        new std::shared_ptr<void>(std::move(held));  // NOLINT: kept on purpose, never freed
+      } catch (...) {
+        if (mapping) new std::shared_ptr<MappedSegment>(std::move(mapping));  // NOLINT: likewise
       }
-      device::DeviceStage::wait_for_queued_work(fence_device);  // before the unmap
+      return;
     }
     if (auto q = queue.lock()) {
       std::lock_guard<std::mutex> lock(q->mutex);
@@ -120,6 +128,10 @@ MultiProcessEpoch::MultiProcessEpoch(std::shared_ptr<LoaderState> state,
     start_workers();
   }
   pool_->claim(token_);
+  // Segments whose copies (or the loop's queued work) completed since the last epoch go back
+  // with the first tasks.
+  if (state_->stage) state_->stage->release_completed();
+  pool_->collect_recycles();
   dispatch();  // prefetching starts now, as PyTorch's iterator does
 }
 
@@ -148,6 +160,7 @@ MultiProcessEpoch::~MultiProcessEpoch() {
   ready_.clear();
   arrived_.clear();
   if (!state_->options.persistent_workers || pool_->broken()) pool_->shutdown();
+  if (state_->stage) state_->stage->release_completed();  // not held until the next epoch
 }
 
 std::optional<Batch> MultiProcessEpoch::next() {
@@ -194,6 +207,7 @@ std::optional<Batch> MultiProcessEpoch::next_locked() {
         continue;
       }
       if (r->error) std::rethrow_exception(r->error);
+      if (r->arm_fence) r->arm_fence();
       return deliver(std::move(*r->batch), *state_);
     }
     if (finished()) {
@@ -539,8 +553,13 @@ void MultiProcessEpoch::handle_message(WorkerSlot& w,
       const ipc::MappedRegion& region = mapping->region;
       const auto& stage = state_->stage;
       if (stage && stage->fences_returns()) {
-        lease->fence = stage;
-        lease->fence_device = stage->device_index();
+        // Armed when the batch reaches the loop: one dropped before (a prefetched batch of an
+        // epoch that ends early, a pinned copy's source) goes back at once.
+        result.arm_fence = [lease, weak = std::weak_ptr<device::DeviceStage>(stage),
+                            device = stage->device_index()] {
+          lease->fence = weak;
+          lease->fence_device = device;
+        };
       }
       // A segment is page-locked once it comes back for reuse, on the stage's own thread (about
       // 50 ms for 38.5 MB); until then, and for one-off segments, batches take a pinned copy.

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -44,6 +45,8 @@ class MultiProcessEpoch final : public EpochIterator {
     // Iterable: the worker's stream position after this batch, and its cursor (checkpoints).
     std::optional<std::uint64_t> stream_position;
     std::optional<std::string> stream_cursor;
+    // pin_memory alone: makes the batch's segment wait, once dropped, for the loop's GPU work.
+    std::function<void()> arm_fence;
   };
 
   std::optional<Batch> next_locked();

@@ -225,7 +225,9 @@ TEST(Gpu, PinMemoryBatchesArePinnedInPlaceAndSafeForTheLoopsOwnNonBlockingCopies
   EXPECT_EQ(device::live_host_registrations(), before) << "and unlocked with their loader";
   std::string counts;
   for (const auto n : in_place) counts += std::to_string(n) + " ";
-  EXPECT_GT(in_place[4] + in_place[5], 0u) << "batches pinned in place per epoch: " << counts;
+  // Measured on an H200: 25 to 38 of the last two epochs' 80 (fewer than all: the GPU lags far
+  // behind the loop here, so workers make fresh segments while theirs wait for it).
+  EXPECT_GE(in_place[4] + in_place[5], 10u) << "batches pinned in place per epoch: " << counts;
   std::printf("batches pinned in place per epoch (of 40): %s\n", counts.c_str());
   torch::cuda::synchronize();
   ASSERT_EQ(copied.size(), 240u);
