@@ -225,9 +225,11 @@ TEST(Gpu, PinMemoryBatchesArePinnedInPlaceAndSafeForTheLoopsOwnNonBlockingCopies
   EXPECT_EQ(device::live_host_registrations(), before) << "and unlocked with their loader";
   std::string counts;
   for (const auto n : in_place) counts += std::to_string(n) + " ";
-  // Measured on an H200: 25 to 38 of the last two epochs' 80 (fewer than all: the GPU lags far
-  // behind the loop here, so workers make fresh segments while theirs wait for it).
-  EXPECT_GE(in_place[4] + in_place[5], 10u) << "batches pinned in place per epoch: " << counts;
+  // Measured on an H200: 55 to 104 of the 240 (fewer than all: the GPU lags far behind the loop
+  // here, so workers make fresh segments while theirs wait for it). Without the fence, 232.
+  std::size_t total = 0;
+  for (const auto n : in_place) total += n;
+  EXPECT_GE(total, 24u) << "batches pinned in place per epoch: " << counts;
   std::printf("batches pinned in place per epoch (of 40): %s\n", counts.c_str());
   torch::cuda::synchronize();
   ASSERT_EQ(copied.size(), 240u);
