@@ -29,6 +29,17 @@ struct SkippedSample {
   std::string error;        ///< the exception's type and message
 };
 
+/// A worker that died and was replaced under on_worker_death = respawn.
+struct WorkerRestart {
+  std::uint64_t epoch = 0;
+  std::size_t worker_id = 0;
+  int pid = 0;                         ///< the process that died
+  int exit_code = -1;                  ///< its exit code, or -1 if a signal ended it
+  int signal = 0;                      ///< the signal that ended it, or 0
+  std::vector<std::uint64_t> batches;  ///< the batches of the epoch it held, loaded again
+  std::string message;                 ///< what happened, as an error would say it
+};
+
 /// What a loader has delivered and skipped, over all its epochs so far.
 struct LoaderStats {
   std::size_t batches = 0;  ///< batches handed to the training loop
@@ -36,6 +47,9 @@ struct LoaderStats {
   std::size_t skipped = 0;  ///< samples left out under on_error = skip, all of them
   /// The most recent of them, oldest first: at most `skipped_history` (0: every one).
   std::vector<SkippedSample> skipped_samples;
+  /// Workers replaced under on_worker_death = respawn, oldest first (at most
+  /// max_worker_restarts_total + 1 of them: the budget bounds the list).
+  std::vector<WorkerRestart> worker_restarts;
 };
 
 /// Iterates batches of a dataset, as torch.utils.data.DataLoader does.

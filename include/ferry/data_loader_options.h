@@ -35,6 +35,14 @@ enum class OnError {
 };
 std::string_view to_string(OnError policy) noexcept;
 
+/// What a worker process that dies (a signal, an exit, the OOM killer) does to the epoch (not in
+/// PyTorch, whose loaders always raise).
+enum class OnWorkerDeath {
+  kRaise,    ///< the epoch ends with a WorkerDiedError naming the worker and what it held
+  kRespawn,  ///< a new worker takes its place and its unfinished batches; nothing is lost
+};
+std::string_view to_string(OnWorkerDeath policy) noexcept;
+
 inline constexpr std::size_t kDefaultPrefetchFactor = 2;
 
 /// Options for `DataLoader`; names and defaults follow torch.utils.data.DataLoader. Objects (the
@@ -87,6 +95,16 @@ struct DataLoaderOptions {
   /// Not in PyTorch: how many of the most recent skipped samples DataLoader::stats() lists (it
   /// counts them all), so a long run's memory and stats() stay bounded; 0 lists every one.
   std::size_t skipped_history = 100;
+  /// Not in PyTorch: with kRespawn, a worker that dies is replaced (same start method and worker
+  /// id, its worker_init_fn run again) and the batches it held are loaded again by the new one;
+  /// delivery stays exactly once and in order, and DataLoader::stats() lists each restart. Map-
+  /// style datasets only. A worker killed by the `timeout` or `sample_timeout` watchdog is not
+  /// respawned (the loop gets a TimeoutError, as with kRaise).
+  OnWorkerDeath on_worker_death = OnWorkerDeath::kRaise;
+  /// With kRespawn: restarts allowed in one epoch, and over the loader's life; one more ends the
+  /// epoch with a WorkerDiedError that lists every restart.
+  std::size_t max_worker_restarts = 3;
+  std::size_t max_worker_restarts_total = 10;
 };
 
 /// Checks `options` against PyTorch's rules and fills in derived defaults (prefetch_factor, seed).

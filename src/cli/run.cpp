@@ -265,6 +265,10 @@ int run_pipeline(const RunOptions& options) {
     std::printf("  skipped: epoch %llu, index %lld: %s\n", static_cast<unsigned long long>(s.epoch),
                 static_cast<long long>(s.index), s.error.c_str());
   }
+  for (const WorkerRestart& r : stats.worker_restarts) {
+    std::printf("  worker restarted: epoch %llu: %s\n", static_cast<unsigned long long>(r.epoch),
+                r.message.c_str());
+  }
   std::fflush(stdout);
   if (dump && !dump->flush()) {
     throw Error("--dump-indices " + options.dump_indices + ": write failed");
@@ -284,6 +288,16 @@ int run_pipeline(const RunOptions& options) {
     for (const SkippedSample& s : stats.skipped_samples) {
       out["skipped_samples"].push_back(
           {{"epoch", s.epoch}, {"index", s.index}, {"error", s.error}});
+    }
+    out["worker_restarts"] = nlohmann::ordered_json::array();
+    for (const WorkerRestart& r : stats.worker_restarts) {
+      out["worker_restarts"].push_back({{"epoch", r.epoch},
+                                        {"worker", r.worker_id},
+                                        {"pid", r.pid},
+                                        {"exit_code", r.exit_code},
+                                        {"signal", r.signal},
+                                        {"batches", r.batches},
+                                        {"message", r.message}});
     }
     out["seed"] = *pipeline.options.seed;
     *json << out.dump(2) << "\n";

@@ -201,6 +201,21 @@ const TypeInfo& loader_keys() {
            .default_value = 100,
            .help = "most recent skipped samples listed in the stats (all are counted); 0: all",
            .min = 0},
+          {.name = "on_worker_death",
+           .type = ValueType::kString,
+           .default_value = "raise",
+           .help = "a worker process that dies: raise, or respawn it and load its batches again",
+           .choices = {"raise", "respawn"}},
+          {.name = "max_worker_restarts",
+           .type = ValueType::kInt,
+           .default_value = 3,
+           .help = "with respawn: restarts allowed in one epoch",
+           .min = 0},
+          {.name = "max_worker_restarts_total",
+           .type = ValueType::kInt,
+           .default_value = 10,
+           .help = "with respawn: restarts allowed over the loader's life",
+           .min = 0},
       }};
   return info;
 }
@@ -408,6 +423,11 @@ Pipeline build_pipeline(Config root,
   options.worker_threads = args.get<std::size_t>("worker_threads");
   options.on_error = args.get<std::string>("on_error") == "skip" ? OnError::kSkip : OnError::kRaise;
   options.skipped_history = args.get<std::size_t>("skipped_history");
+  options.on_worker_death = args.get<std::string>("on_worker_death") == "respawn"
+                                ? OnWorkerDeath::kRespawn
+                                : OnWorkerDeath::kRaise;
+  options.max_worker_restarts = args.get<std::size_t>("max_worker_restarts");
+  options.max_worker_restarts_total = args.get<std::size_t>("max_worker_restarts_total");
   const Config* device_node = root.find("device_transforms");
   auto [device_steps, resolved_device_transforms] =
       build_device_transforms(device_node ? *device_node : Config());

@@ -124,6 +124,10 @@ void check_iterable_options(const DataLoaderOptions& o) {
   FERRY_CHECK(o.on_error == OnError::kRaise,
               "on_error=skip with an IterableDataset: a stream knows its own records, so skip "
               "bad ones inside the stream; on_error=skip is for map-style datasets");
+  FERRY_CHECK(o.on_worker_death == OnWorkerDeath::kRaise,
+              "on_worker_death=respawn with an IterableDataset: a new worker cannot tell where "
+              "the dead one's stream stood, so batches could repeat; use a map-style dataset "
+              "(or save a checkpoint often and resume from it) or on_worker_death=raise");
   FERRY_CHECK(o.worker_threads == 1, "worker_threads=", o.worker_threads,
               " with an IterableDataset: a stream is read "
               "in order by one thread; parallelise inside the stream or use worker_threads=1");
@@ -273,6 +277,7 @@ LoaderStats DataLoader::stats() const {
     const std::lock_guard<std::mutex> lock(state_->stats_mutex);
     out.skipped = state_->skipped;
     out.skipped_samples.assign(state_->recent_skipped.begin(), state_->recent_skipped.end());
+    out.worker_restarts = state_->restarts;
   }
   out.batches = state_->delivered_batches.load(std::memory_order_relaxed);
   out.samples = state_->delivered_samples.load(std::memory_order_relaxed);

@@ -25,6 +25,10 @@ std::string_view to_string(OnError policy) noexcept {
   return policy == OnError::kSkip ? "skip" : "raise";
 }
 
+std::string_view to_string(OnWorkerDeath policy) noexcept {
+  return policy == OnWorkerDeath::kRespawn ? "respawn" : "raise";
+}
+
 namespace {
 std::atomic<StartMethod> g_default_start_method{StartMethod::kFork};
 }  // namespace
@@ -65,6 +69,9 @@ DataLoaderOptions resolve(DataLoaderOptions o) {
               "start_method=", o.start_method ? to_string(*o.start_method) : "",
               " needs worker processes; set "
               "num_workers > 0 or leave start_method unset");
+  FERRY_CHECK(!(o.num_workers == 0 && o.on_worker_death == OnWorkerDeath::kRespawn),
+              "on_worker_death=respawn needs worker processes (with num_workers=0 nothing can "
+              "die but the program); set num_workers > 0 or on_worker_death=raise");
   if (o.num_workers > 0 && !o.prefetch_factor) o.prefetch_factor = kDefaultPrefetchFactor;
   if (o.num_workers > 0 && !o.start_method) o.start_method = default_start_method();
   if (!o.seed) {

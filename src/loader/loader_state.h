@@ -77,6 +77,7 @@ struct LoaderState {
   mutable std::deque<SkippedSample> recent_skipped;  // the last skipped_history of them
   void record_skipped(std::uint64_t epoch,
                       const std::vector<workers::SkippedSample>& skipped) const;
+  mutable std::vector<WorkerRestart> restarts;  // under stats_mutex: every respawn so far
 
   // Stops every worker of this loader; iterators then throw LoaderClosed. Idempotent, noexcept,
   // bounded by the shutdown grace.

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <functional>
 #include <system_error>
 #include <thread>
@@ -30,6 +31,7 @@ struct SegmentLease {
   std::shared_ptr<MappedSegment> mapping;
   std::weak_ptr<RecycleQueue> queue;
   std::size_t worker = 0;
+  std::uint64_t generation = 0;  // of the worker's process
   std::uint64_t segment_id = 0;
   std::weak_ptr<device::DeviceStage> fence;  // armed at delivery when the stage fences_returns()
   int fence_device = -1;                     // its device, for when the stage is gone
@@ -41,6 +43,7 @@ struct SegmentLease {
         rest->mapping = std::move(mapping);
         rest->queue = std::move(queue);
         rest->worker = worker;
+        rest->generation = generation;
         rest->segment_id = segment_id;
         std::shared_ptr<void> held = std::move(rest);
         const auto stage = fence.lock();
@@ -54,7 +57,7 @@ struct SegmentLease {
     }
     if (auto q = queue.lock()) {
       std::lock_guard<std::mutex> lock(q->mutex);
-      q->items.emplace_back(worker, segment_id);
+      q->items.push_back({worker, generation, segment_id});
     }
   }
 };
@@ -218,10 +221,7 @@ std::optional<Batch> MultiProcessEpoch::next_locked() {
     // batch taking too long: the timeout counts from its handshake, and start-up gets its own,
     // generous bound.
     const std::size_t ready_before = pool_->ready_workers();
-    std::optional<ipc::Clock::time_point> startup;
-    if (ready_before < pool_->workers().size()) {
-      startup = pool_->started + WorkerPool::startup_limit();
-    }
+    const std::optional<ipc::Clock::time_point> startup = pool_->startup_deadline();
     std::optional<ipc::Clock::time_point> wait_until = deadline;
     if (startup && (!wait_until || *startup < *wait_until)) wait_until = startup;
     const bool expired = wait_and_receive(wait_until);
@@ -250,7 +250,9 @@ std::pair<WorkerSlot*, const TaskRecord*> MultiProcessEpoch::waited_on() {
 
 void MultiProcessEpoch::startup_timed_out() {
   for (auto& w : pool_->workers()) {
-    if (w.ready || w.dead) continue;
+    // The worker whose start-up ran out first (a respawned one started later than the others).
+    if (w.ready || w.dead || w.started + WorkerPool::startup_limit() != pool_->startup_deadline())
+      continue;
     pool_->mark_broken();
     WorkerFailure failure = failure_of(w);
     const std::string what = detail::str(
@@ -434,10 +436,15 @@ bool MultiProcessEpoch::wait_and_receive(std::optional<ipc::Clock::time_point> d
     const short data = fds[1 + 3 * i].revents;
     const short death = fds[2 + 3 * i].revents;
     const short index = fds[3 + 3 * i].revents;
+    // A worker respawned while this loop ran (on_worker_death=respawn) is a new process: the
+    // events polled were its predecessor's.
+    const std::uint64_t generation = w.generation;
     if (data & POLLIN) (void)receive_from(w);  // first: a worker sending a reply reads no task
+    if (w.generation != generation) continue;
     if ((death & POLLIN) || (data & (POLLHUP | POLLERR)) || (index & (POLLHUP | POLLERR))) {
       worker_gone(w);
     }
+    if (w.generation != generation) continue;
     if ((index & POLLOUT) && !w.index.flush()) worker_gone(w);
   }
   return false;
@@ -456,8 +463,12 @@ bool MultiProcessEpoch::receive_from(WorkerSlot& w) {
                           "; this is a bug in ferry or memory corruption in the worker"))));
   }
   if (got == ipc::Channel::Received::kNotYet) return false;  // the rest of it is on its way
-  // Closed, even part-way through a message: the worker is gone; its exit says how.
-  if (got == ipc::Channel::Received::kClosed) worker_died(w);
+  // Closed, even part-way through a message: the worker is gone; its exit says how (or, with
+  // on_worker_death=respawn, a new worker now holds the slot).
+  if (got == ipc::Channel::Received::kClosed) {
+    worker_died(w);
+    return false;
+  }
   try {
     handle_message(w, bytes, fds);
   } catch (...) {
@@ -548,6 +559,7 @@ void MultiProcessEpoch::handle_message(WorkerSlot& w,
       lease->mapping = mapping;
       lease->queue = pool_->recycle;
       lease->worker = w.id;
+      lease->generation = w.generation;
       lease->segment_id = m->segment_id;
       if (!current) return;  // the lease recycles the segment as it goes
       const ipc::MappedRegion& region = mapping->region;
@@ -683,15 +695,87 @@ void MultiProcessEpoch::check_handshake(WorkerSlot& w, const ipc::WorkerReadyMes
   pool_->mark_ready(w);
 }
 
-void MultiProcessEpoch::worker_gone(WorkerSlot& w) {
-  while (w.data.valid() && receive_from(w)) {
+std::string MultiProcessEpoch::sigkill_hint(const WorkerSlot& w) const {
+  const auto& cgroup = pool_->memory_cgroup();
+  const std::optional<std::uint64_t> now = cgroup ? cgroup->oom_kills() : std::nullopt;
+  if (!now || !w.oom_kills_at_start) {
+    return "; SIGKILL that ferry did not send usually means the kernel's out-of-memory killer "
+           "(check dmesg; lower batch_size, num_workers or prefetch_factor)";
   }
-  worker_died(w);
+  if (*now > *w.oom_kills_at_start) {
+    const auto limit = cgroup->limit_bytes();
+    return detail::str(
+        "; the memory cgroup's out-of-memory killer killed it (oom_kill in ", cgroup->events_file(),
+        " went from ", *w.oom_kills_at_start, " to ", *now, " while it ran; ",
+        limit ? detail::str("the cgroup's limit is ", *limit / (1024 * 1024), " MiB")
+              : std::string("the cgroup has no limit of its own: a parent cgroup's applies"),
+        "). Each worker holds up to prefetch_factor batches of shared memory plus what loading "
+        "a batch takes: lower batch_size, prefetch_factor or num_workers, or give the job more "
+        "memory (the container's memory limit)");
+  }
+  return detail::str(
+      "; ferry did not send this SIGKILL, and the memory cgroup counted no out-of-memory kill "
+      "while the worker ran (",
+      cgroup->events_file(),
+      "): another process killed it, or the system's out-of-memory killer outside this cgroup "
+      "(check dmesg)");
+}
+
+void MultiProcessEpoch::worker_gone(WorkerSlot& w) {
+  const std::uint64_t generation = w.generation;
+  while (w.generation == generation && w.data.valid() && receive_from(w)) {
+  }
+  if (w.generation == generation) worker_died(w);  // unless its channel's end said so already
+}
+
+std::optional<std::string> MultiProcessEpoch::restart_refused() const {
+  const DataLoaderOptions& o = state_->options;
+  if (restarts_ >= o.max_worker_restarts) {
+    return detail::str("max_worker_restarts=", o.max_worker_restarts, " restarts in one epoch");
+  }
+  std::size_t total = 0;
+  {
+    const std::lock_guard<std::mutex> lock(state_->stats_mutex);
+    total = state_->restarts.size();
+  }
+  if (total >= o.max_worker_restarts_total) {
+    return detail::str("max_worker_restarts_total=", o.max_worker_restarts_total,
+                       " restarts over the loader's life");
+  }
+  return std::nullopt;
+}
+
+void MultiProcessEpoch::respawn(WorkerSlot& w, WorkerRestart record) {
+  // The tasks it held for this epoch, in the order it got them; an earlier epoch's are stale.
+  std::vector<TaskRecord> tasks;
+  for (auto& task : w.in_flight) {
+    if (task.token == token_) tasks.push_back(std::move(task));
+  }
+  for (const auto& task : tasks) record.batches.push_back(task.sequence);
+  const std::size_t id = w.id;
+  std::fprintf(stderr,
+               "ferry: %s; restarting it (on_worker_death=respawn, restart %zu of %zu "
+               "this epoch) and loading its %zu unfinished batches again\n",
+               record.message.c_str(), restarts_ + 1, state_->options.max_worker_restarts,
+               tasks.size());
+  {
+    const std::lock_guard<std::mutex> lock(state_->stats_mutex);
+    state_->restarts.push_back(std::move(record));
+  }
+  ++restarts_;
+  try {
+    pool_->restart_worker(id);
+  } catch (...) {
+    fail(std::current_exception());
+  }
+  WorkerSlot& fresh = pool_->workers()[id];
+  // Sent again under their own sequence numbers, so the order of delivery does not change; each
+  // still counts against the worker's prefetch (undelivered_ is unchanged).
+  for (auto& task : tasks) send_task(fresh, task.sequence, std::move(task.indices));
 }
 
 void MultiProcessEpoch::worker_died(WorkerSlot& w) {
   w.dead = true;
-  pool_->mark_broken();
   std::optional<ipc::ExitStatus> status = w.process.try_wait();
   if (!status) status = w.process.terminate(std::chrono::milliseconds(200));
   WorkerFailure failure = failure_of(w);
@@ -713,11 +797,9 @@ void MultiProcessEpoch::worker_died(WorkerSlot& w) {
                     iterable_ ? std::string() : " (indices " + list_indices(task.indices) + ")");
   }
   std::string hint;
-  if (status->signal == SIGKILL) {
-    hint =
-        "; SIGKILL that ferry did not send usually means the kernel's out-of-memory killer "
-        "(check dmesg; lower batch_size, num_workers or prefetch_factor)";
-  } else if (status->signal == SIGBUS) {
+  if (status->signal == SIGKILL)
+    hint = sigkill_hint(w);
+  else if (status->signal == SIGBUS) {
     hint =
         "; SIGBUS in a worker usually means memory for shared segments ran out (the memory "
         "cgroup's limit, or /dev/shm without memfd)";
@@ -727,10 +809,37 @@ void MultiProcessEpoch::worker_died(WorkerSlot& w) {
                         to_string(*state_->options.start_method),
                         ") and rebuilding the dataset from its configuration: its stderr says why");
   }
-  const std::string what =
+  std::string what =
       detail::str("DataLoader worker ", w.id, " (pid ", w.process.pid(), ") ", status->describe(),
                   held.empty() ? std::string(" while idle") : " while holding " + held, ", epoch ",
                   epoch_, hint);
+  if (state_->options.on_worker_death == OnWorkerDeath::kRespawn) {
+    const auto refused = restart_refused();
+    if (!refused) {
+      respawn(w, WorkerRestart{.epoch = epoch_,
+                               .worker_id = w.id,
+                               .pid = static_cast<int>(w.process.pid()),
+                               .exit_code = status->exit_code,
+                               .signal = status->signal,
+                               .batches = {},
+                               .message = what});
+      return;
+    }
+    std::string history;
+    {
+      const std::lock_guard<std::mutex> lock(state_->stats_mutex);
+      for (std::size_t i = 0; i < state_->restarts.size(); ++i) {
+        history += detail::str("\n  restart ", i + 1, ": epoch ", state_->restarts[i].epoch, ": ",
+                               state_->restarts[i].message);
+      }
+    }
+    what += detail::str("; not restarted: on_worker_death=respawn allows ", *refused,
+                        ", and they are spent (raise the limit if the deaths are transient, or "
+                        "find what kills the workers; DataLoader::stats() lists the restarts). "
+                        "Restarts so far:",
+                        history.empty() ? std::string(" none") : history);
+  }
+  pool_->mark_broken();
   failure.message = status->describe();
   fail(std::make_exception_ptr(
       WorkerDiedError(what, std::move(failure), status->exit_code, status->signal)));

@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "ferry/error.h"
@@ -70,10 +71,18 @@ class MultiProcessEpoch final : public EpochIterator {
   void handle_message(WorkerSlot& w,
                       std::vector<std::byte>& bytes,
                       std::vector<ipc::UniqueFd>& fds);
-  [[noreturn]] void worker_died(WorkerSlot& w);
+  // Worker `w`'s process is gone: the epoch fails with a WorkerDiedError, or, with
+  // on_worker_death=respawn and restarts left, a new process takes the slot and the tasks.
+  void worker_died(WorkerSlot& w);
   // A worker is gone (its pidfd fired, its channel hung up, or a send found no peer): first
   // handle what it sent before it died (its own error report, say), then report the death.
-  [[noreturn]] void worker_gone(WorkerSlot& w);
+  void worker_gone(WorkerSlot& w);
+  // What a SIGKILL of `w` means: the memory cgroup's OOM killer (its count went up), or not.
+  std::string sigkill_hint(const WorkerSlot& w) const;
+  // Whether the budget allows one more restart; if not, the reason.
+  std::optional<std::string> restart_refused() const;
+  // Replaces `w` by a new worker and sends it the unfinished tasks `w` held for this epoch.
+  void respawn(WorkerSlot& w, WorkerRestart record);
   [[noreturn]] void timed_out(std::chrono::milliseconds waited);
   [[noreturn]] void fail(std::exception_ptr error);
   WorkerFailure failure_of(const WorkerSlot& w) const;
@@ -103,6 +112,7 @@ class MultiProcessEpoch final : public EpochIterator {
   std::vector<bool> stream_resumed_;  // iterable, resuming: the worker got its stream's position
   bool spin_;  // poll briefly before sleeping: only when main and workers each have a core
   bool failed_ = false;
+  std::size_t restarts_ = 0;  // workers respawned in this epoch
   std::vector<pollfd> pollfds_;
   std::vector<std::byte> message_;  // the last message received, its buffer reused
 };

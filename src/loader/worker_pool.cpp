@@ -47,14 +47,43 @@ void LoaderState::close() noexcept {
 }
 
 void WorkerPool::start_worker() {
+  FERRY_ASSERT(workers_.size() < state_.options.num_workers && !stopped_);
+  workers_.reserve(state_.options.num_workers);
+  workers_.push_back(launch(workers_.size()));
+}
+
+void WorkerPool::restart_worker(std::size_t id) {
+  FERRY_ASSERT(id < workers_.size() && !stopped_);
+  WorkerSlot& old = workers_[id];
+  // Unregistered and closed under one lock each, so no fork keeps them (as finish_stop does).
+  if (old.index.valid()) workers::close_parent_only_fd(old.index.release());
+  if (old.data.valid()) workers::close_parent_only_fd(old.data.release());
+  (void)old.process.terminate(std::chrono::milliseconds(0));  // reaped already; made sure
+  workers::close_parent_only_fd(old.process.take_pidfd());
+  if (old.ready) --ready_;
+  const std::uint64_t generation = old.generation + 1;
+  WorkerSlot fresh = launch(id);
+  fresh.generation = generation;
+  workers_[id] = std::move(fresh);  // the old slot's segments stay mapped by their batches
+}
+
+std::optional<std::chrono::steady_clock::time_point> WorkerPool::startup_deadline() const {
+  std::optional<std::chrono::steady_clock::time_point> earliest;
+  for (const auto& w : workers_) {
+    if (w.ready || w.dead) continue;
+    const auto limit = w.started + startup_limit();
+    if (!earliest || limit < *earliest) earliest = limit;
+  }
+  return earliest;
+}
+
+WorkerSlot WorkerPool::launch(std::size_t id) {
   workers::reap_dead_forkserver();  // a forkserver that died meanwhile is no zombie for long
   const DataLoaderOptions& o = state_.options;
-  FERRY_ASSERT(workers_.size() < o.num_workers && !stopped_);
-  workers_.reserve(o.num_workers);
   auto [main_index, main_data, worker_index, worker_data] = workers::make_worker_channels();
 
   workers::WorkerSpec spec;
-  spec.worker_id = workers_.size();
+  spec.worker_id = id;
   spec.num_workers = o.num_workers;
   spec.base_seed = *o.seed;
   // A base drawn from the seed and the epoch the pool starts in (a pool of its own per epoch
@@ -73,9 +102,8 @@ void WorkerPool::start_worker() {
   spec.worker_threads = o.worker_threads;
   spec.skip_errors = o.on_error == OnError::kSkip;
   if (*o.start_method != StartMethod::kFork) {
-    start_fresh_worker(spec, std::move(main_index), std::move(main_data), std::move(worker_index),
-                       std::move(worker_data));
-    return;
+    return start_fresh_worker(spec, std::move(main_index), std::move(main_data),
+                              std::move(worker_index), std::move(worker_data));
   }
   const int index_fd = worker_index.fd();
   const int data_fd = worker_data.fd();
@@ -100,13 +128,14 @@ void WorkerPool::start_worker() {
     workers::unregister_parent_only_fd(main_data.fd());
     throw;
   }
-  WorkerSlot& slot =
-      add_slot(spec.worker_id, std::move(main_index), std::move(main_data), pid, /*ready=*/true);
+  WorkerSlot slot =
+      make_slot(spec.worker_id, std::move(main_index), std::move(main_data), pid, /*ready=*/true);
   // Allowed (workers never use CUDA); remembered for the advice an error naming CUDA gets.
   slot.forked_after_cuda = device::cuda_initialized();
+  return slot;
 }
 
-WorkerSlot& WorkerPool::add_slot(
+WorkerSlot WorkerPool::make_slot(
     std::size_t id, ipc::Channel main_index, ipc::Channel main_data, pid_t pid, bool ready) {
   WorkerSlot slot;
   slot.id = id;
@@ -117,15 +146,15 @@ WorkerSlot& WorkerPool::add_slot(
   if (slot.process.pidfd() >= 0) workers::register_parent_only_fd(slot.process.pidfd());
   slot.ready = ready;
   ready_ += ready ? 1 : 0;
-  workers_.push_back(std::move(slot));
-  return workers_.back();
+  if (cgroup_) slot.oom_kills_at_start = cgroup_->oom_kills();
+  return slot;
 }
 
-void WorkerPool::start_fresh_worker(const workers::WorkerSpec& spec,
-                                    ipc::Channel main_index,
-                                    ipc::Channel main_data,
-                                    ipc::Channel worker_index,
-                                    ipc::Channel worker_data) {
+WorkerSlot WorkerPool::start_fresh_worker(const workers::WorkerSpec& spec,
+                                          ipc::Channel main_index,
+                                          ipc::Channel main_data,
+                                          ipc::Channel worker_index,
+                                          ipc::Channel worker_data) {
   // The worker's ends stay registered (a fork for another loader must not keep them) until
   // they are closed here, once the new process has its copies.
   const DataLoaderOptions& o = state_.options;
@@ -144,13 +173,14 @@ void WorkerPool::start_fresh_worker(const workers::WorkerSpec& spec,
   workers::close_parent_only_fd(worker_index.release());
   workers::close_parent_only_fd(worker_data.release());
   // Not ready until its handshake (the dataset rebuilt) arrives.
-  WorkerSlot& slot =
-      add_slot(spec.worker_id, std::move(main_index), std::move(main_data), pid, /*ready=*/false);
+  WorkerSlot slot =
+      make_slot(spec.worker_id, std::move(main_index), std::move(main_data), pid, /*ready=*/false);
   ipc::SetupMessage setup =
       workers::setup_message(spec, state_.dataset_config, state_.collate_config);
   // Queued: the worker reads it once it has started. If it died already, the death is reported
   // by the epoch's wait, with the "before its handshake" note.
   (void)slot.index.post(ipc::encode(ipc::IndexMessage(std::move(setup))));
+  return slot;
 }
 
 namespace {
@@ -216,13 +246,16 @@ void WorkerPool::finish_stop(std::chrono::steady_clock::time_point deadline) noe
 }
 
 void WorkerPool::collect_recycles() {
-  std::vector<std::pair<std::size_t, std::uint64_t>> items;
+  std::vector<RecycleQueue::Item> items;
   {
     std::lock_guard<std::mutex> lock(recycle->mutex);
     items.swap(recycle->items);
   }
-  for (const auto& [worker, segment] : items) {
-    if (worker < workers_.size()) workers_[worker].recycled.push_back(segment);
+  for (const auto& item : items) {
+    // A respawned worker's predecessor's segments are gone with it.
+    if (item.worker < workers_.size() && workers_[item.worker].generation == item.generation) {
+      workers_[item.worker].recycled.push_back(item.segment);
+    }
   }
 }
 

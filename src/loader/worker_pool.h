@@ -5,10 +5,12 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
 #include "device/device_stage.h"
+#include "ipc/cgroup.h"
 #include "ipc/channel.h"
 #include "ipc/child_process.h"
 #include "ipc/shared_memory.h"
@@ -20,8 +22,13 @@ namespace ferry::detail {
 // Segments whose batches the training loop has let go of, waiting to go back to their worker.
 // Tensor deleters push from any thread; the iterator sends them.
 struct RecycleQueue {
+  struct Item {
+    std::size_t worker = 0;
+    std::uint64_t generation = 0;  // of the worker's process (a respawned one starts anew)
+    std::uint64_t segment = 0;
+  };
   std::mutex mutex;
-  std::vector<std::pair<std::size_t, std::uint64_t>> items;  // (worker, segment id)
+  std::vector<Item> items;
 };
 
 // A worker's segment as this process maps it: the mapping, and once the segment has come back
@@ -52,6 +59,12 @@ struct WorkerSlot {
   bool dead = false;
   bool ready = true;  // spawn and forkserver: false until the worker's handshake arrives
   bool forked_after_cuda = false;  // fork after this process initialised CUDA
+  // Which process holds this worker id: 0 for the first, one more per respawn. Segments from an
+  // earlier process are never sent to a later one (their ids mean nothing there).
+  std::uint64_t generation = 0;
+  std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
+  // The memory cgroup's OOM-kill count when it started, to tell an OOM kill from another SIGKILL.
+  std::optional<std::uint64_t> oom_kills_at_start;
 };
 
 namespace fault {
@@ -68,6 +81,12 @@ class WorkerPool {
       : state_(state), first_epoch_(first_epoch) {}
   // Starts the next worker. Throws std::system_error if its process or channels cannot be made.
   void start_worker();
+  // on_worker_death=respawn: replaces worker `id`, whose process has exited and been reaped, by
+  // a new one (the same start method and id, the next generation); its channels and pidfd are
+  // closed, its segments' mappings left to the batches that hold them. Throws as start_worker.
+  void restart_worker(std::size_t id);
+  // When the earliest start-up among workers not yet past their handshake runs out.
+  std::optional<std::chrono::steady_clock::time_point> startup_deadline() const;
   bool all_started() const noexcept { return workers_.size() == state_.options.num_workers; }
   ~WorkerPool() { shutdown(); }
 
@@ -103,6 +122,8 @@ class WorkerPool {
   }
 
   std::shared_ptr<RecycleQueue> recycle = std::make_shared<RecycleQueue>();
+  // The memory cgroup the workers run in (this process's), if one can be read.
+  const std::optional<ipc::MemoryCgroup>& memory_cgroup() const noexcept { return cgroup_; }
 
   static constexpr std::chrono::milliseconds kShutdownGrace{1000};
   // How long a spawn or forkserver worker may take to start (start a program, rebuild the
@@ -111,15 +132,18 @@ class WorkerPool {
   const std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
 
  private:
-  WorkerSlot& add_slot(
+  // Starts worker `id`'s process and returns its slot (counted in ready_ if ready).
+  WorkerSlot launch(std::size_t id);
+  WorkerSlot make_slot(
       std::size_t id, ipc::Channel main_index, ipc::Channel main_data, pid_t pid, bool ready);
   // spawn and forkserver: start the process, then queue its SetupMessage.
-  void start_fresh_worker(const workers::WorkerSpec& spec,
-                          ipc::Channel main_index,
-                          ipc::Channel main_data,
-                          ipc::Channel worker_index,
-                          ipc::Channel worker_data);
+  WorkerSlot start_fresh_worker(const workers::WorkerSpec& spec,
+                                ipc::Channel main_index,
+                                ipc::Channel main_data,
+                                ipc::Channel worker_index,
+                                ipc::Channel worker_data);
   std::vector<WorkerSlot> workers_;
+  std::optional<ipc::MemoryCgroup> cgroup_ = ipc::MemoryCgroup::of_self();
   std::uint64_t owner_ = 0;
   bool broken_ = false;
   std::size_t ready_ = 0;

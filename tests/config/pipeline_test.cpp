@@ -57,6 +57,26 @@ class Pipelines : public ::testing::Test {
 
 constexpr const char* kDataset = "dataset: {type: image_folder, root: data}\n";
 
+TEST_F(Pipelines, OnWorkerDeathAndItsBudgetsAreLoaderKeys) {
+  const Pipeline p =
+      read_pipeline(file("p.yaml", std::string(kDataset) + "loader:\n"
+                                                           "  num_workers: 2\n"
+                                                           "  on_worker_death: respawn\n"
+                                                           "  max_worker_restarts: 5\n"
+                                                           "  max_worker_restarts_total: 20\n"));
+  EXPECT_EQ(p.options.on_worker_death, OnWorkerDeath::kRespawn);
+  EXPECT_EQ(p.options.max_worker_restarts, 5u);
+  EXPECT_EQ(p.options.max_worker_restarts_total, 20u);
+  const Pipeline defaults = read_pipeline(file("d.yaml", kDataset));
+  EXPECT_EQ(defaults.options.on_worker_death, OnWorkerDeath::kRaise);
+  EXPECT_EQ(defaults.options.max_worker_restarts, 3u);
+  EXPECT_EQ(defaults.options.max_worker_restarts_total, 10u);
+  EXPECT_THAT(error_of(std::string(kDataset) + "loader: {on_worker_death: restart}\n"),
+              AllOf(HasSubstr("on_worker_death"), HasSubstr("respawn")));
+  EXPECT_THAT(error_of(std::string(kDataset) + "loader: {on_worker_death: respawn}\n"),
+              HasSubstr("set num_workers > 0 or on_worker_death=raise"));
+}
+
 TEST_F(Pipelines, AnUnknownKeySuggestsTheNearestOneWithItsPlace) {
   EXPECT_THAT(error_of(std::string(kDataset) + "loader:\n  batch_sise: 4\n"),
               AllOf(HasSubstr("p.yaml:3:15: loader.batch_sise: unknown key"),

@@ -6,15 +6,21 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <thread>
+#include <vector>
 
 #include <ATen/Parallel.h>
 #include <gmock/gmock.h>
@@ -24,6 +30,7 @@
 #include "ferry/error.h"
 #include "ferry/registry.h"
 
+#include "ipc/cgroup.h"
 #include "ipc/shared_memory.h"
 #include "support/child_test.h"
 #include "support/datasets.h"
@@ -182,6 +189,11 @@ TEST_P(WorkerDeath, KilledAtRandomMomentsIsAlwaysReportedNeverHangsNeverTorn) { 
           REQUIRE(e.signal() == SIGKILL, e.what());
           REQUIRE(e.failure().pid == victim, e.what());
           REQUIRE(std::string(e.what()).find("out-of-memory") != std::string::npos, e.what());
+          // Where the memory cgroup can be read, ferry knows this was not its OOM killer.
+          REQUIRE(
+              !ipc::MemoryCgroup::of_self() ||
+                  std::string(e.what()).find("counted no out-of-memory kill") != std::string::npos,
+              e.what());
           REQUIRE(seconds_since(killed) < 1.0, "detected after ", seconds_since(killed), " s");
         }
         REQUIRE(died, "the kill went unnoticed");
@@ -661,6 +673,79 @@ TEST_P(Resources, AWorkerHoldsOnlyItsOwnChannels) {  // row 26: no worker keeps 
     }
     return 0;
   });
+}
+
+// Loads one sample that takes memory until something stops it.
+class MemoryHog : public Dataset {
+ public:
+  std::size_t size() const override { return 1; }
+  Example get(std::size_t, SampleContext&) const override {
+    std::vector<std::unique_ptr<char[]>> blocks;
+    for (int i = 0; i < 64; ++i) {  // 4 GiB at most
+      blocks.emplace_back(new char[64 << 20]);
+      std::memset(blocks.back().get(), i + 1, 64 << 20);
+    }
+    return {{"x", static_cast<std::int64_t>(blocks.size())}};
+  }
+};
+
+bool write_file(const std::string& path, const std::string& text) {
+  std::ofstream out(path);
+  out << text;
+  out.flush();
+  return static_cast<bool>(out);
+}
+
+// Issue 16: a worker that the memory cgroup's OOM killer kills is said to be, with the limit.
+// Runs in a memory cgroup of 256 MiB that the test makes under this process's own, where the
+// machine allows it; skipped with the reason where it does not.
+TEST(OomKill, AWorkerTheMemoryCgroupKillsIsSaidToBeWithTheLimit) {
+  const auto self = ipc::MemoryCgroup::of_self();
+  if (!self) GTEST_SKIP() << "no memory cgroup can be read here (/proc/self/cgroup, mountinfo)";
+  const std::string dir = self->directory() + "/ferry-oom-test-" + std::to_string(::getpid());
+  if (::mkdir(dir.c_str(), 0755) != 0) {
+    GTEST_SKIP() << "cannot make a memory cgroup under " << self->directory() << ": "
+                 << std::strerror(errno) << " (needs root, or a delegated cgroup)";
+  }
+  const ipc::MemoryCgroup cgroup(dir, self->v2());
+  const std::string limit_file = dir + (self->v2() ? "/memory.max" : "/memory.limit_in_bytes");
+  if (!write_file(limit_file, std::to_string(256 << 20)) || cgroup.limit_bytes() != (256u << 20)) {
+    ::rmdir(dir.c_str());
+    GTEST_SKIP() << "cannot set " << limit_file;
+  }
+  if (self->v2()) (void)write_file(dir + "/memory.swap.max", "0");
+  const auto r = testing::run_in_child(
+      [&] {
+        REQUIRE(write_file(dir + "/cgroup.procs", std::to_string(::getpid())), "joining ", dir);
+        DataLoader loader(std::make_shared<MemoryHog>(),
+                          {.batch_size = 1,
+                           .num_workers = 1,
+                           // The worker, not this process, is the one the OOM killer picks.
+                           .worker_init_fn = [](std::size_t) {
+                             (void)write_file("/proc/self/oom_score_adj", "1000");
+                           }});
+        try {
+          for (auto& batch : loader) (void)batch;
+        } catch (const WorkerDiedError& e) {
+          const std::string what = e.what();
+          REQUIRE(e.signal() == SIGKILL, what);
+          REQUIRE(
+              what.find("the memory cgroup's out-of-memory killer killed it") != std::string::npos,
+              what);
+          REQUIRE(what.find("the cgroup's limit is 256 MiB") != std::string::npos, what);
+          REQUIRE(what.find(cgroup.events_file()) != std::string::npos, what);
+          return 0;
+        }
+        REQUIRE(false, "the worker was not killed: no WorkerDiedError");
+        return 1;
+      },
+      120s);
+  // The child has exited; the cgroup empties once the kernel has let go of it.
+  for (int i = 0; i < 200 && ::rmdir(dir.c_str()) != 0 && errno == EBUSY; ++i) {
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_FALSE(r.timed_out) << r.output;
+  EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 
 TEST(Soak, ResourcesStayConstantFromTheSecondEpochOn) {  // row 28, bounded for CI
