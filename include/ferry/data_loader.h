@@ -48,7 +48,7 @@ struct LoaderStats {
   /// The most recent of them, oldest first: at most `skipped_history` (0: every one).
   std::vector<SkippedSample> skipped_samples;
   /// Workers replaced under on_worker_death = respawn, oldest first (at most
-  /// max_worker_restarts_total + 1 of them: the budget bounds the list).
+  /// max_worker_restarts_total of them: the budget bounds the list).
   std::vector<WorkerRestart> worker_restarts;
 };
 

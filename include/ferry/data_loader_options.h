@@ -67,7 +67,7 @@ struct DataLoaderOptions {
   bool pin_memory = false;
   bool drop_last = false;
   std::chrono::milliseconds timeout{0};  // 0: wait forever; YAML gives seconds
-  std::function<void(std::size_t worker_id)> worker_init_fn{};  // runs once in each worker
+  std::function<void(std::size_t worker_id)> worker_init_fn{};  // once in each worker process
   bool in_order = true;
   std::optional<std::uint64_t> seed{};  // PyTorch: generator; unset: drawn once per loader
   /// Unset: default_start_method(). spawn and forkserver rebuild the dataset in each worker from

@@ -58,8 +58,12 @@ std::optional<MemoryCgroup> resolve(bool v2, const std::string& path) {
   if (!mount) return std::nullopt;
   std::string relative = path;
   if (mount->root != "/") {
-    if (relative.rfind(mount->root, 0) != 0) return std::nullopt;  // outside this mount's view
+    const bool inside =
+        relative.rfind(mount->root, 0) == 0 &&
+        (relative.size() == mount->root.size() || relative[mount->root.size()] == '/');
+    if (!inside) return std::nullopt;  // outside this mount's view
     relative = relative.substr(mount->root.size());
+    if (relative.empty()) relative = "/";
   }
   std::string directory = mount->point + (relative == "/" ? "" : relative);
   MemoryCgroup cgroup(std::move(directory), v2);

@@ -224,6 +224,7 @@ std::optional<Batch> MultiProcessEpoch::next_locked() {
     const std::optional<ipc::Clock::time_point> startup = pool_->startup_deadline();
     std::optional<ipc::Clock::time_point> wait_until = deadline;
     if (startup && (!wait_until || *startup < *wait_until)) wait_until = startup;
+    const std::size_t restarts_before = restarts_;
     const bool expired = wait_and_receive(wait_until);
     const auto now = ipc::Clock::now();
     if (expired && startup && now >= *startup) startup_timed_out();
@@ -233,6 +234,8 @@ std::optional<Batch> MultiProcessEpoch::next_locked() {
       deadline = now + timeout;  // the worker it waits for is still starting
     }
     if (deadline && pool_->ready_workers() > ready_before) deadline = now + timeout;
+    // A respawned worker reloads what its predecessor held: the timeout counts from its start.
+    if (deadline && restarts_ > restarts_before) deadline = now + timeout;
   }
 }
 
@@ -696,6 +699,7 @@ void MultiProcessEpoch::check_handshake(WorkerSlot& w, const ipc::WorkerReadyMes
 }
 
 std::string MultiProcessEpoch::sigkill_hint(const WorkerSlot& w) const {
+  if (w.process.killed_by_terminate()) return "";  // ferry's own SIGKILL, said where it was sent
   const auto& cgroup = pool_->memory_cgroup();
   const std::optional<std::uint64_t> now = cgroup ? cgroup->oom_kills() : std::nullopt;
   if (!now || !w.oom_kills_at_start) {
@@ -705,8 +709,9 @@ std::string MultiProcessEpoch::sigkill_hint(const WorkerSlot& w) const {
   if (*now > *w.oom_kills_at_start) {
     const auto limit = cgroup->limit_bytes();
     return detail::str(
-        "; the memory cgroup's out-of-memory killer killed it (oom_kill in ", cgroup->events_file(),
-        " went from ", *w.oom_kills_at_start, " to ", *now, " while it ran; ",
+        "; the memory cgroup's out-of-memory killer killed it, most likely (oom_kill in ",
+        cgroup->events_file(), " went from ", *w.oom_kills_at_start, " to ", *now,
+        " while it ran: an out-of-memory kill in this cgroup; ",
         limit ? detail::str("the cgroup's limit is ", *limit / (1024 * 1024), " MiB")
               : std::string("the cgroup has no limit of its own: a parent cgroup's applies"),
         "). Each worker holds up to prefetch_factor batches of shared memory plus what loading "
@@ -716,9 +721,7 @@ std::string MultiProcessEpoch::sigkill_hint(const WorkerSlot& w) const {
   return detail::str(
       "; ferry did not send this SIGKILL, and the memory cgroup counted no out-of-memory kill "
       "while the worker ran (",
-      cgroup->events_file(),
-      "): another process killed it, or the system's out-of-memory killer outside this cgroup "
-      "(check dmesg)");
+      cgroup->events_file(), "): another process killed it (check dmesg to be sure)");
 }
 
 void MultiProcessEpoch::worker_gone(WorkerSlot& w) {
@@ -753,9 +756,20 @@ void MultiProcessEpoch::respawn(WorkerSlot& w, WorkerRestart record) {
   }
   for (const auto& task : tasks) record.batches.push_back(task.sequence);
   const std::size_t id = w.id;
+  try {
+    pool_->restart_worker(id);
+  } catch (const std::exception& e) {
+    pool_->mark_broken();
+    WorkerFailure failure = failure_of(w);
+    failure.message = record.message;
+    fail(std::make_exception_ptr(WorkerDiedError(
+        detail::str(record.message,
+                    "; on_worker_death=respawn could not start a new worker: ", e.what()),
+        std::move(failure), record.exit_code, record.signal)));
+  }
   std::fprintf(stderr,
-               "ferry: %s; restarting it (on_worker_death=respawn, restart %zu of %zu "
-               "this epoch) and loading its %zu unfinished batches again\n",
+               "ferry: %s; restarted it (on_worker_death=respawn, restart %zu of %zu this "
+               "epoch) to load its %zu unfinished batches again\n",
                record.message.c_str(), restarts_ + 1, state_->options.max_worker_restarts,
                tasks.size());
   {
@@ -763,11 +777,6 @@ void MultiProcessEpoch::respawn(WorkerSlot& w, WorkerRestart record) {
     state_->restarts.push_back(std::move(record));
   }
   ++restarts_;
-  try {
-    pool_->restart_worker(id);
-  } catch (...) {
-    fail(std::current_exception());
-  }
   WorkerSlot& fresh = pool_->workers()[id];
   // Sent again under their own sequence numbers, so the order of delivery does not change; each
   // still counts against the worker's prefetch (undelivered_ is unchanged).
@@ -828,7 +837,11 @@ void MultiProcessEpoch::worker_died(WorkerSlot& w) {
     std::string history;
     {
       const std::lock_guard<std::mutex> lock(state_->stats_mutex);
-      for (std::size_t i = 0; i < state_->restarts.size(); ++i) {
+      const std::size_t shown = 10;  // the last ones; stats() lists them all
+      const std::size_t from =
+          state_->restarts.size() > shown ? state_->restarts.size() - shown : 0;
+      if (from > 0) history += detail::str("\n  (", from, " earlier ones in stats())");
+      for (std::size_t i = from; i < state_->restarts.size(); ++i) {
         history += detail::str("\n  restart ", i + 1, ": epoch ", state_->restarts[i].epoch, ": ",
                                state_->restarts[i].message);
       }

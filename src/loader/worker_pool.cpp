@@ -79,6 +79,8 @@ std::optional<std::chrono::steady_clock::time_point> WorkerPool::startup_deadlin
 
 WorkerSlot WorkerPool::launch(std::size_t id) {
   workers::reap_dead_forkserver();  // a forkserver that died meanwhile is no zombie for long
+  // Before the process exists: an out-of-memory kill of it at start-up counts after this.
+  oom_kills_before_launch_ = cgroup_ ? cgroup_->oom_kills() : std::nullopt;
   const DataLoaderOptions& o = state_.options;
   auto [main_index, main_data, worker_index, worker_data] = workers::make_worker_channels();
 
@@ -146,7 +148,7 @@ WorkerSlot WorkerPool::make_slot(
   if (slot.process.pidfd() >= 0) workers::register_parent_only_fd(slot.process.pidfd());
   slot.ready = ready;
   ready_ += ready ? 1 : 0;
-  if (cgroup_) slot.oom_kills_at_start = cgroup_->oom_kills();
+  slot.oom_kills_at_start = oom_kills_before_launch_;
   return slot;
 }
 

@@ -144,6 +144,7 @@ class WorkerPool {
                                 ipc::Channel worker_data);
   std::vector<WorkerSlot> workers_;
   std::optional<ipc::MemoryCgroup> cgroup_ = ipc::MemoryCgroup::of_self();
+  std::optional<std::uint64_t> oom_kills_before_launch_;  // launch() to make_slot()
   std::uint64_t owner_ = 0;
   bool broken_ = false;
   std::size_t ready_ = 0;

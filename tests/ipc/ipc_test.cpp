@@ -9,6 +9,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include <gmock/gmock.h>
@@ -16,6 +17,7 @@
 
 #include "ferry/error.h"
 
+#include "ipc/cgroup.h"
 #include "ipc/channel.h"
 #include "ipc/child_process.h"
 #include "ipc/protocol.h"
@@ -287,6 +289,35 @@ TEST(ChildProcess, ReapsAndDescribesHowAChildEnded) {
   }  // the destructor kills and reaps
   EXPECT_NE(::kill(sleeps, 0), 0) << "the child survived its owner";
   EXPECT_EQ(signal_name(SIGKILL), "SIGKILL");
+}
+
+// The files of a memory cgroup, v2 and v1, as the kernel writes them.
+TEST(MemoryCgroup, ReadsTheOomKillCountAndTheLimitOfV2AndV1) {
+  const std::string dir = "/tmp/ferry_cgroup_test_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir + "/" + name) << text;
+  };
+  const MemoryCgroup v2(dir, /*v2=*/true);
+  write("memory.events", "low 0\nhigh 0\nmax 12\noom 3\noom_kill 2\noom_group_kill 0\n");
+  write("memory.max", "268435456\n");
+  EXPECT_EQ(v2.events_file(), dir + "/memory.events");
+  EXPECT_EQ(v2.oom_kills(), 2u);
+  EXPECT_EQ(v2.limit_bytes(), 268435456u);
+  write("memory.max", "max\n");
+  EXPECT_EQ(v2.limit_bytes(), std::nullopt);
+  write("memory.events", "low 0\nhigh 0\nmax 0\noom 0\n");  // a kernel that does not count
+  EXPECT_EQ(v2.oom_kills(), std::nullopt);
+  const MemoryCgroup v1(dir, /*v2=*/false);
+  write("memory.oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill 7\n");
+  write("memory.limit_in_bytes", "9223372036854771712\n");  // v1's "unlimited"
+  EXPECT_EQ(v1.events_file(), dir + "/memory.oom_control");
+  EXPECT_EQ(v1.oom_kills(), 7u);
+  EXPECT_EQ(v1.limit_bytes(), std::nullopt);
+  write("memory.limit_in_bytes", "1073741824\n");
+  EXPECT_EQ(v1.limit_bytes(), 1073741824u);
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(v1.oom_kills(), std::nullopt) << "files gone: nothing to read";
 }
 
 }  // namespace

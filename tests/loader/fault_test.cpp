@@ -190,8 +190,9 @@ TEST_P(WorkerDeath, KilledAtRandomMomentsIsAlwaysReportedNeverHangsNeverTorn) { 
           REQUIRE(e.failure().pid == victim, e.what());
           REQUIRE(std::string(e.what()).find("out-of-memory") != std::string::npos, e.what());
           // Where the memory cgroup can be read, ferry knows this was not its OOM killer.
+          const auto cgroup = ipc::MemoryCgroup::of_self();
           REQUIRE(
-              !ipc::MemoryCgroup::of_self() ||
+              !cgroup || !cgroup->oom_kills() ||
                   std::string(e.what()).find("counted no out-of-memory kill") != std::string::npos,
               e.what());
           REQUIRE(seconds_since(killed) < 1.0, "detected after ", seconds_since(killed), " s");

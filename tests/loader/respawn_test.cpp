@@ -38,11 +38,8 @@ FERRY_EACH_START_METHOD(Respawn);
 // the worker still holds tasks, so its death is seen in the same epoch. Checks that every index
 // comes exactly once, in order, with its own bytes, and counts the kills in `kills`. Returns the
 // child's exit code (REQUIRE).
-int kill_one_worker_per_epoch(DataLoader& loader,
-                              int epochs,
-                              std::uint64_t seed,
-                              std::size_t& kills,
-                              int first_epoch = 0) {
+int kill_one_worker_per_epoch(
+    DataLoader& loader, int epochs, std::uint64_t seed, std::size_t& kills, int first_epoch = 0) {
   std::mt19937_64 random(seed);
   for (int epoch = first_epoch; epoch < first_epoch + epochs; ++epoch) {
     const auto kill_at = static_cast<std::int64_t>(random() % 8);  // batches 0..7 of 12

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Builds ferry's library, its engine tests (multi-process, resume, fault and respawn) and the
+# chaos runs under sanitizers and runs them. Not part of CI (./setup.sh test): a sanitizer build takes longer.
+#
+#   tests/sanitize.sh address   AddressSanitizer + UndefinedBehaviorSanitizer, in build-asan/
+#   tests/sanitize.sh thread    ThreadSanitizer, in build-tsan/
+#
+# Extra arguments go to ctest (for example -R Respawn). Needs what ./setup.sh test installs.
+# LibTorch itself is not instrumented: reports inside it are not ferry's, and leak checking is
+# off (LibTorch keeps allocations until exit on purpose).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+kind=${1:-address}
+shift || true
+case "$kind" in
+  address)
+    sanitizers=address,undefined
+    dir=build-asan
+    export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=0:abort_on_error=1}
+    export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+    ;;
+  thread)
+    sanitizers=thread
+    dir=build-tsan
+    export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
+    ;;
+  *)
+    echo "usage: tests/sanitize.sh address|thread [ctest arguments]" >&2
+    exit 2
+    ;;
+esac
+generator=()
+command -v ninja > /dev/null && generator=(-G Ninja)
+mkdir -p "$dir"
+cmake -S . -B "$dir" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+  -DFERRY_SANITIZE="$sanitizers" -DFERRY_WITH_OPENCV=OFF -DFERRY_BUILD_BENCH=OFF \
+  -DFERRY_BUILD_EXAMPLES=OFF > "$dir/configure.log" 2>&1 ||
+  { tail -20 "$dir/configure.log"; exit 1; }
+start=$(date +%s)
+cmake --build "$dir" -j "$(nproc)" --target ferry_engine_tests ferry_noinit_tests ferry_chaos_tests \
+  ferry-worker
+echo "tests/sanitize.sh: built with -fsanitize=$sanitizers in $(($(date +%s) - start)) s"
+ctest --test-dir "$dir" -L "engine|chaos" -j "$(nproc)" --timeout 900 --output-on-failure "$@"
