@@ -1454,6 +1454,11 @@ int run_device(const Args& args) {
 
   for (DeviceRow& row : rows) {
     const Config c = row.config;
+    // One ferry cell of this row: `setup`'s runs, `args.repeat` times.
+    auto measure_ferry = [&](Cell& cell, const char* label, const FerrySetup& setup) {
+      collect(cell, args.repeat, describe(label, c),
+              [&] { return run_ferry(c.workload, c.num_workers, args.budget, setup); });
+    };
     FerrySetup cpu{.start_method = ferry::StartMethod::kFork};
     cpu.warmup = device_warmup_batches(c.num_workers);
     cpu.warmup_seconds = device_warmup_seconds(c.num_workers);
@@ -1463,12 +1468,9 @@ int run_device(const Args& args) {
     on_device.max_batches_per_s = rate(raw[c.workload]);
     FerrySetup pinned = on_device;
     pinned.pin_memory = true;
-    collect(row.cpu, args.repeat, describe("ferry-cpu", c),
-            [&] { return run_ferry(c.workload, c.num_workers, args.budget, cpu); });
-    collect(row.device, args.repeat, describe("ferry-device", c),
-            [&] { return run_ferry(c.workload, c.num_workers, args.budget, on_device); });
-    collect(row.pinned, args.repeat, describe("ferry-pin+device", c),
-            [&] { return run_ferry(c.workload, c.num_workers, args.budget, pinned); });
+    measure_ferry(row.cpu, "ferry-cpu", cpu);
+    measure_ferry(row.device, "ferry-device", on_device);
+    measure_ferry(row.pinned, "ferry-pin+device", pinned);
     // The loop copies each host batch itself, as PyTorch's loops do: from shared memory as it
     // is, with pin_memory (pinned in place once a segment is page-locked), and as a pinned copy
     // made on the loop's thread first (what pin_memory without a device did before segments were
@@ -1484,25 +1486,20 @@ int run_device(const Args& args) {
     pinned_copy_loop.step = [device](const ferry::Batch& batch) {
       (void)batch.pin_memory().to(device, /*non_blocking=*/true);
     };
-    collect(row.loop_copy, args.repeat, describe("ferry+loop-copy", c),
-            [&] { return run_ferry(c.workload, c.num_workers, args.budget, loop_copy); });
-    collect(row.pin_loop_copy, args.repeat, describe("ferry-pin+loop-copy", c),
-            [&] { return run_ferry(c.workload, c.num_workers, args.budget, pin_loop_copy); });
-    collect(row.pinned_copy_loop, args.repeat, describe("ferry+pinned-copy+loop-copy", c),
-            [&] { return run_ferry(c.workload, c.num_workers, args.budget, pinned_copy_loop); });
+    measure_ferry(row.loop_copy, "ferry+loop-copy", loop_copy);
+    measure_ferry(row.pin_loop_copy, "ferry-pin+loop-copy", pin_loop_copy);
+    measure_ferry(row.pinned_copy_loop, "ferry+pinned-copy+loop-copy", pinned_copy_loop);
     if (!step) continue;
     FerrySetup stepped = pinned;
     stepped.step = [&step = *step](const ferry::Batch& batch) { step(batch); };
     collect(row.step_alone, args.repeat, describe("step-alone", c),
             [&] { return run_step_alone(c.workload, *step, device, args.budget); });
-    collect(row.ferry_step, args.repeat, describe("ferry+step", c),
-            [&] { return run_ferry(c.workload, c.num_workers, args.budget, stepped); });
+    measure_ferry(row.ferry_step, "ferry+step", stepped);
     FerrySetup pin_loop_stepped = pin_loop_copy;
     pin_loop_stepped.step = [&step = *step, device](const ferry::Batch& batch) {
       step(batch.to(device, /*non_blocking=*/true));
     };
-    collect(row.pin_loop_step, args.repeat, describe("ferry-pin+loop-copy+step", c),
-            [&] { return run_ferry(c.workload, c.num_workers, args.budget, pin_loop_stepped); });
+    measure_ferry(row.pin_loop_step, "ferry-pin+loop-copy+step", pin_loop_stepped);
   }
 
   PeerResults peer, peer_step;
