@@ -123,6 +123,11 @@ FetchedBatch fetch_batch(const Dataset& dataset,
                               return;
                             }
                             try {
+                              const int slot = tbb::this_task_arena::current_thread_index();
+                              const LoadingMark mark(options.status,
+                                                     slot < 0 ? WorkerStatusPage::kSlots
+                                                              : static_cast<std::size_t>(slot),
+                                                     indices[i]);
                               loaded[i] =
                                   load_one(dataset, indices[i], epoch, who, options.outputs, i);
                             } catch (...) {
@@ -155,6 +160,7 @@ FetchedBatch fetch_batch(const Dataset& dataset,
     if (options.before_sample) options.before_sample(indices[i]);
     std::exception_ptr error;
     try {
+      const LoadingMark mark(options.status, 0, indices[i]);
       out.samples.push_back(load_one(dataset, indices[i], epoch, who, options.outputs, i));
     } catch (...) {
       error = std::current_exception();

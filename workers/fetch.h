@@ -13,6 +13,7 @@
 
 #include "collate/buffer_pool.h"
 #include "ipc/protocol.h"
+#include "workers/worker_status.h"
 
 namespace ferry::workers {
 
@@ -37,6 +38,8 @@ struct FetchOptions {
   std::function<void(std::int64_t index)> before_sample{};
   std::function<void()> after_sample{};
   std::function<bool()> stop_requested{};
+  // A worker's status page: each loading thread marks the sample in hand there. Null: none.
+  WorkerStatusPage* status = nullptr;
 };
 
 struct FetchedBatch {

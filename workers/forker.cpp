@@ -1,9 +1,11 @@
 #include "workers/forker.h"
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio_ext.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -42,6 +44,10 @@ std::mutex& registry_mutex() {
   return *g_registry_mutex;
 }
 std::set<int>& registry() {
+  static auto* s = new std::set<int>;
+  return *s;
+}
+std::set<int>& worker_pidfds() {  // a subset of registry()
   static auto* s = new std::set<int>;
   return *s;
 }
@@ -162,7 +168,27 @@ void unregister_parent_only_fd(int fd) {
 void close_parent_only_fd(ipc::UniqueFd fd) noexcept {
   std::lock_guard<std::mutex> lock(registry_mutex());
   registry().erase(fd.get());
+  worker_pidfds().erase(fd.get());
   fd.reset();
+}
+
+void register_worker_pidfd(int fd) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  registry().insert(fd);
+  worker_pidfds().insert(fd);
+}
+
+std::size_t signal_workers(int signal) noexcept {
+  std::size_t sent = 0;
+#ifdef SYS_pidfd_send_signal
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  for (const int fd : worker_pidfds()) {
+    if (::syscall(SYS_pidfd_send_signal, fd, signal, nullptr, 0) == 0) ++sent;
+  }
+#else
+  (void)signal;
+#endif
+  return sent;
 }
 
 std::pair<ipc::Channel, ipc::Channel> make_parent_only_pair() {
@@ -177,11 +203,19 @@ WorkerChannels make_worker_channels() {
   std::lock_guard<std::mutex> lock(registry_mutex());
   auto [main_index, worker_index] = ipc::Channel::pair();
   auto [main_data, worker_data] = ipc::Channel::pair();
-  for (const auto* c : {&main_index, &main_data, &worker_index, &worker_data}) {
+  int err[2] = {-1, -1};
+  if (::pipe2(err, O_CLOEXEC) != 0) {
+    throw std::system_error(errno, std::generic_category(),
+                            "pipe2 for a DataLoader worker's stderr");
+  }
+  WorkerChannels out{std::move(main_index),  std::move(main_data),  std::move(worker_index),
+                     std::move(worker_data), ipc::UniqueFd(err[0]), ipc::UniqueFd(err[1])};
+  for (const auto* c : {&out.main_index, &out.main_data, &out.worker_index, &out.worker_data}) {
     registry().insert(c->fd());
   }
-  return {std::move(main_index), std::move(main_data), std::move(worker_index),
-          std::move(worker_data)};
+  registry().insert(err[0]);
+  registry().insert(err[1]);
+  return out;
 }
 
 pid_t fork_worker(std::function<void()> child_main, std::vector<ipc::UniqueFd> close_after_fork) {

@@ -29,8 +29,18 @@ std::pair<ipc::Channel, ipc::Channel> make_parent_only_pair();
 struct WorkerChannels {
   ipc::Channel main_index, main_data;      // stay in this process (unregister before closing)
   ipc::Channel worker_index, worker_data;  // pass to fork_worker() as close_after_fork
+  // The worker's stderr: a pipe whose read end this process relays (relay_worker_stderr) and
+  // whose write end becomes the worker's descriptor 2.
+  ipc::UniqueFd stderr_read, stderr_write;
 };
 WorkerChannels make_worker_channels();
+
+// A worker's pidfd: parent-only, and signalled by signal_workers() until it is closed with
+// close_parent_only_fd().
+void register_worker_pidfd(int fd);
+// Sends `signal` to every worker process of this process that has a pidfd (pidfd_send_signal,
+// under the registry's lock, so never to a process reaped meanwhile); returns how many.
+std::size_t signal_workers(int signal) noexcept;
 
 // Forks a worker from one long-lived internal thread. PR_SET_PDEATHSIG fires when the thread
 // that forked exits, so forking from the caller's thread would kill the workers of a loader

@@ -83,9 +83,9 @@ void spawn_server() {
 // One request to the server: the worker's pid, or 0 with `error` set (the server's errno), or
 // -1 if the server was gone before the request reached it (safe to ask another server), or
 // -2 if it took the request and did not answer (not safe: it may have started a worker).
-pid_t request(Server& server, int index_fd, int data_fd, int& error) {
+pid_t request(Server& server, int index_fd, int data_fd, int status_fd, int stderr_fd, int& error) {
   const std::byte ask[1] = {std::byte{1}};
-  const int fds[2] = {index_fd, data_fd};
+  const int fds[4] = {index_fd, data_fd, status_fd, stderr_fd};
   const auto deadline = ipc::Clock::now() + std::chrono::seconds(5);
   if (server.control.send(ask, fds, deadline) != ipc::Channel::SendResult::kSent) return -1;
   pollfd p{server.control.fd(), POLLIN, 0};
@@ -112,6 +112,7 @@ pid_t request(Server& server, int index_fd, int data_fd, int& error) {
 void run_forkserver(ipc::Channel control, pid_t parent) {
   ::signal(SIGINT, SIG_IGN);  // Ctrl-C is the main process's decision
   ::signal(SIGPIPE, SIG_IGN);
+  ::signal(SIGUSR1, SIG_IGN);  // a report request to the process group is for the workers
   ::prctl(PR_SET_NAME, "ferry-forksrv");
   ::__fpurge(stdout);  // output the program buffered before ferry::init is its own to write
   ::__fpurge(stderr);
@@ -130,7 +131,7 @@ void run_forkserver(ipc::Channel control, pid_t parent) {
     }
     if (!got) ::_exit(0);  // the loader's process closed its end or died
     std::int64_t reply = single_threaded ? -EINVAL : -ENOTSUP;
-    if (fds.size() == 2 && single_threaded) {
+    if (fds.size() == 4 && single_threaded) {
       // A raw clone: fork() has no CLONE_PARENT. This process is single-threaded, so the
       // child needs none of glibc's fork-time resets.
       const long pid = ::syscall(SYS_clone, CLONE_PARENT | SIGCHLD, nullptr, nullptr, nullptr, 0);
@@ -140,8 +141,14 @@ void run_forkserver(ipc::Channel control, pid_t parent) {
         ::__fpurge(stdout);
         ::__fpurge(stderr);
         ::prctl(PR_SET_NAME, "ferry-worker");
+        if (fds[3].get() != STDERR_FILENO) {  // its stderr: the pipe the loader relays
+          ::dup2(fds[3].get(), STDERR_FILENO);
+          fds[3].reset();
+        } else {
+          (void)fds[3].release();
+        }
         serve_setup(Registry::global(), ipc::Channel(std::move(fds[0])),
-                    ipc::Channel(std::move(fds[1])));
+                    ipc::Channel(std::move(fds[1])), std::move(fds[2]));
       }
       reply = pid < 0 ? -static_cast<std::int64_t>(errno) : pid;
     }
@@ -181,7 +188,7 @@ static void drop_server() noexcept {
   g_server = nullptr;
 }
 
-pid_t forkserver_worker(int index_fd, int data_fd) {
+pid_t forkserver_worker(int index_fd, int data_fd, int status_fd, int stderr_fd) {
   std::lock_guard<std::mutex> lock(server_mutex());
   for (int attempt = 0; attempt < 2; ++attempt) {
     if (g_server == nullptr || g_server->owner != ::getpid()) {
@@ -189,7 +196,7 @@ pid_t forkserver_worker(int index_fd, int data_fd) {
       spawn_server();
     }
     int error = 0;
-    const pid_t pid = request(*g_server, index_fd, data_fd, error);
+    const pid_t pid = request(*g_server, index_fd, data_fd, status_fd, stderr_fd, error);
     if (pid > 0) return pid;
     const pid_t server = g_server->process.pid();
     if (pid == 0) {

@@ -42,15 +42,19 @@ void ignore_sigint() {
 }
 
 void init_process(int argc, char** argv, bool start_forkserver) {
-  if (argc >= 5 && std::strcmp(argv[1], kSpawnedWorkerFlag) == 0) {
-    const int index_fd = parse_fd(argv[2]);
-    const int data_fd = parse_fd(argv[3]);
+  if (argc >= 2 && std::strcmp(argv[1], kSpawnedWorkerFlag) == 0) {
+    const int index_fd = argc == 6 ? parse_fd(argv[2]) : -1;
+    const int data_fd = argc == 6 ? parse_fd(argv[3]) : -1;
+    const int status_fd = argc == 6 ? parse_fd(argv[4]) : -1;
     ignore_sigint();
-    if (index_fd < 0 || data_fd < 0)
-      exit_with_message("bad arguments for a spawned DataLoader worker");
-    follow_parent(static_cast<pid_t>(std::atoll(argv[4])));
+    if (index_fd < 0 || data_fd < 0 || status_fd < 0) {
+      exit_with_message(
+          "bad arguments for a spawned DataLoader worker (is this program, or ferry-worker, "
+          "from another build of ferry than the program that started it?)");
+    }
+    follow_parent(static_cast<pid_t>(std::atoll(argv[5])));
     serve_setup(Registry::global(), ipc::Channel(ipc::UniqueFd(index_fd)),
-                ipc::Channel(ipc::UniqueFd(data_fd)));
+                ipc::Channel(ipc::UniqueFd(data_fd)), ipc::UniqueFd(status_fd));
   }
   if (argc >= 4 && std::strcmp(argv[1], kForkserverFlag) == 0) {
     const int control_fd = parse_fd(argv[2]);

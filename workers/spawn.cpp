@@ -59,7 +59,8 @@ std::optional<std::string> find_ferry_worker(std::vector<std::string>& tried) {
 pid_t spawn_process(const std::string& program,
                     const char* flag,
                     std::span<const int> fds,
-                    const char* what) {
+                    const char* what,
+                    int stderr_fd) {
   return start_on_forker_thread([&]() -> pid_t {
     posix_spawn_file_actions_t actions;
     posix_spawnattr_t attr;
@@ -67,6 +68,8 @@ pid_t spawn_process(const std::string& program,
     ::posix_spawnattr_init(&attr);
     const std::string argv0 = program.empty() ? self_program() : program;
     std::vector<std::string> args{argv0, flag};
+    // First, so that no later dup2 onto 3 and up has overwritten it yet.
+    if (stderr_fd >= 0) ::posix_spawn_file_actions_adddup2(&actions, stderr_fd, STDERR_FILENO);
     // Each descriptor goes to the lowest number from 3 that is none of `fds` and not taken yet,
     // so no dup2 overwrites a descriptor still to be moved.
     int target = 2;
@@ -80,7 +83,8 @@ pid_t spawn_process(const std::string& program,
     args.push_back(std::to_string(::getpid()));
     sigset_t mask, all;
     sigemptyset(&mask);
-    sigaddset(&mask, SIGINT);  // blocked until ferry::init ignores it (see ignore_sigint)
+    sigaddset(&mask, SIGINT);   // blocked until ferry::init ignores it (see ignore_sigint)
+    sigaddset(&mask, SIGUSR1);  // blocked until the worker can report (not killed by it)
     sigfillset(&all);
     ::posix_spawnattr_setsigmask(&attr, &mask);
     ::posix_spawnattr_setsigdefault(&attr, &all);  // no ignored SIGPIPE or SIGINT inherited
@@ -104,9 +108,10 @@ pid_t spawn_process(const std::string& program,
   });
 }
 
-pid_t spawn_worker(const std::string& program, int index_fd, int data_fd) {
-  const int fds[2] = {index_fd, data_fd};
-  return spawn_process(program, kSpawnedWorkerFlag, fds, "a DataLoader worker");
+pid_t spawn_worker(
+    const std::string& program, int index_fd, int data_fd, int status_fd, int stderr_fd) {
+  const int fds[3] = {index_fd, data_fd, status_fd};
+  return spawn_process(program, kSpawnedWorkerFlag, fds, "a DataLoader worker", stderr_fd);
 }
 
 ipc::SetupMessage setup_message(const WorkerSpec& spec,
@@ -147,7 +152,10 @@ WorkerSpec worker_spec(const ipc::SetupMessage& setup) {
   return spec;
 }
 
-void serve_setup(const Registry& registry, ipc::Channel index, ipc::Channel data) {
+void serve_setup(const Registry& registry,
+                 ipc::Channel index,
+                 ipc::Channel data,
+                 ipc::UniqueFd status) {
   std::vector<std::byte> bytes;
   std::vector<ipc::UniqueFd> fds;
   ipc::SetupMessage setup;
@@ -164,6 +172,7 @@ void serve_setup(const Registry& registry, ipc::Channel index, ipc::Channel data
   }
 
   WorkerSpec spec = worker_spec(setup);
+  spec.status = map_status_page(std::move(status));
   prepare_worker_process(spec);
 
   ipc::WorkerReadyMessage ready;

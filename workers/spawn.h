@@ -42,19 +42,25 @@ std::optional<std::string> find_ferry_worker(std::vector<std::string>& tried);
 // Starts `program` (empty: this program, as /proc/self/exe) from the forker thread with
 // arguments `flag`, the numbers `fds` got in the new process, and this process's pid; SIGINT
 // blocked and every signal at its default. Throws ferry::Error naming `what` and the program.
+// `stderr_fd` (when >= 0) becomes the new process's stderr. SIGUSR1 is blocked too, until the
+// worker has its report handler (prepare_worker_process).
 pid_t spawn_process(const std::string& program,
                     const char* flag,
                     std::span<const int> fds,
-                    const char* what);
+                    const char* what,
+                    int stderr_fd = -1);
 
 // Starts `program` (empty: this program) as a worker with the worker's channel ends, from the
 // forker thread. Returns its pid. Throws ferry::Error naming the program when it cannot be started.
-pid_t spawn_worker(const std::string& program, int index_fd, int data_fd);
+// Its arguments: the two channel ends and the status page's descriptor; `stderr_fd` becomes its
+// stderr.
+pid_t spawn_worker(
+    const std::string& program, int index_fd, int data_fd, int status_fd, int stderr_fd);
 
 // Asks this process's forkserver for a worker with these channel ends; the worker is a child
 // of this process. Starts a forkserver first when this process has none (a forked copy of the
 // process that called ferry::init spawns its own). Throws ferry::Error.
-pid_t forkserver_worker(int index_fd, int data_fd);
+pid_t forkserver_worker(int index_fd, int data_fd, int status_fd, int stderr_fd);
 
 // The forkserver's pid in this process, or -1 (tests exclude it when counting children).
 pid_t forkserver_pid() noexcept;
@@ -73,7 +79,11 @@ WorkerSpec worker_spec(const ipc::SetupMessage& setup);
 // In a spawned or forkserver worker: reads the SetupMessage, rebuilds the dataset (and
 // collate) from `registry`, answers WorkerReadyMessage, and runs the worker loop. A failure
 // is reported as a WorkerErrorMessage naming the type and key. Never returns.
-[[noreturn]] void serve_setup(const Registry& registry, ipc::Channel index, ipc::Channel data);
+// `status`: the worker's status page (may be invalid: none).
+[[noreturn]] void serve_setup(const Registry& registry,
+                              ipc::Channel index,
+                              ipc::Channel data,
+                              ipc::UniqueFd status);
 
 // A spawned process starts with SIGINT blocked, so a Ctrl-C to the process group while it loads
 // cannot kill it; this ignores SIGINT (Ctrl-C is the main process's decision) and unblocks it.

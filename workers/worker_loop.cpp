@@ -27,6 +27,7 @@
 #include "workers/fetch.h"
 #include "workers/forker.h"
 #include "workers/segment_pool.h"
+#include "workers/worker_output.h"
 
 namespace ferry::workers {
 
@@ -41,18 +42,23 @@ volatile std::int64_t g_current_index = -1;
 char g_watchdog_prefix[96];
 std::size_t g_watchdog_prefix_len = 0;
 
-void on_sample_timeout(int) {
-  // Async-signal-safe: the prefix was formatted beforehand; the index is written by hand.
-  (void)!::write(STDERR_FILENO, g_watchdog_prefix, g_watchdog_prefix_len);
+WorkerStatusPage* g_status = nullptr;
+
+void write_number(std::int64_t v) {
   char digits[24];
   std::size_t n = 0;
-  std::int64_t v = g_current_index;
   if (v < 0) v = 0;
   do {
     digits[sizeof digits - 1 - n++] = static_cast<char>('0' + v % 10);
     v /= 10;
   } while (v > 0 && n < sizeof digits);
   (void)!::write(STDERR_FILENO, digits + sizeof digits - n, n);
+}
+
+void on_sample_timeout(int) {
+  // Async-signal-safe: the prefix was formatted beforehand; the index is written by hand.
+  (void)!::write(STDERR_FILENO, g_watchdog_prefix, g_watchdog_prefix_len);
+  write_number(g_current_index);
   (void)!::write(STDERR_FILENO, "\n", 1);
   ::_exit(kSampleTimeoutExitCode);
 }
@@ -80,12 +86,22 @@ class SampleWatchdog {
   bool armed_;
 };
 
-void on_fatal_signal(int signal) {
+void on_fatal_signal(int signal, siginfo_t* info, void*) {
+  // The sample this thread was loading, for the main process (quarantine) and the message: only
+  // for a fault of this process (the kernel's, or raise and abort here), not for a signal that
+  // another process sent.
+  const bool own = info == nullptr || info->si_code > 0 || info->si_pid == ::getpid();
+  const std::int64_t index = own ? record_crash(g_status, signal) : -1;
   (void)!::write(STDERR_FILENO, g_crash_prefix, g_crash_prefix_len);
   const char* name = ipc::signal_abbrev(signal);
   if (name != nullptr) {
     (void)!::write(STDERR_FILENO, "SIG", 3);
     (void)!::write(STDERR_FILENO, name, std::strlen(name));
+  }
+  if (index >= 0) {
+    static const char kLoading[] = " while loading index ";
+    (void)!::write(STDERR_FILENO, kLoading, sizeof kLoading - 1);
+    write_number(index);
   }
   (void)!::write(STDERR_FILENO, "\n", 1);
   ::signal(signal, SIG_DFL);  // re-raise, so the parent sees the real signal
@@ -109,7 +125,18 @@ void prepare_worker_process(const WorkerSpec& spec) {
       g_crash_prefix, sizeof g_crash_prefix, "ferry: DataLoader worker %zu (pid %d) got a fatal ",
       spec.worker_id, static_cast<int>(::getpid())));
   g_crash_prefix_len = std::min(g_crash_prefix_len, sizeof g_crash_prefix - 1);
-  for (const int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) ::signal(sig, on_fatal_signal);
+  g_status = spec.status;
+  struct sigaction fatal {};
+  fatal.sa_sigaction = on_fatal_signal;
+  fatal.sa_flags = SA_SIGINFO;
+  ::sigemptyset(&fatal.sa_mask);
+  for (const int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT})
+    ::sigaction(sig, &fatal, nullptr);
+  char report_prefix[128];
+  std::snprintf(report_prefix, sizeof report_prefix,
+                "ferry: DataLoader worker %zu (pid %d), on SIGUSR1: ", spec.worker_id,
+                static_cast<int>(::getpid()));
+  install_worker_report_handler(report_prefix, spec.status);
   if (spec.sample_timeout.count() > 0) {
     g_watchdog_prefix_len = static_cast<std::size_t>(std::snprintf(
         g_watchdog_prefix, sizeof g_watchdog_prefix,
@@ -189,6 +216,7 @@ class Worker {
       fetch_options_.after_sample = [this] { watchdog_.reset(); };
     }
     fetch_options_.stop_requested = [this] { return index_.peer_hung_up(); };
+    fetch_options_.status = spec.status;
   }
 
   [[noreturn]] void run() {
@@ -233,27 +261,67 @@ class Worker {
   }
 
  private:
+  // Says on the status page which task is in hand, for the task's lifetime.
+  class Busy {
+   public:
+    Busy(WorkerStatusPage* page, const ipc::TaskMessage& task) : page_(page) {
+      if (page_ == nullptr) return;
+      page_->epoch.store(task.epoch, std::memory_order_relaxed);
+      page_->sequence.store(task.sequence, std::memory_order_relaxed);
+      page_->busy.store(1, std::memory_order_relaxed);
+    }
+    ~Busy() {
+      if (page_ != nullptr) page_->busy.store(0, std::memory_order_relaxed);
+    }
+    Busy(const Busy&) = delete;
+    Busy& operator=(const Busy&) = delete;
+
+   private:
+    WorkerStatusPage* page_;
+  };
+
+  // The task's indices less those it says to leave out (quarantined samples), which go to
+  // `skipped` with their records, once per occurrence.
+  static std::vector<std::int64_t> indices_to_load(const ipc::TaskMessage& task,
+                                                   std::vector<SkippedSample>& skipped) {
+    if (task.leave_out.empty()) return task.indices;
+    std::vector<std::int64_t> kept;
+    kept.reserve(task.indices.size());
+    for (const std::int64_t index : task.indices) {
+      const ipc::SkippedSampleRecord* left = nullptr;
+      for (const auto& record : task.leave_out) left = record.index == index ? &record : left;
+      if (left != nullptr) {
+        skipped.push_back(*left);
+      } else {
+        kept.push_back(index);
+      }
+    }
+    return kept;
+  }
+
   void handle(const ipc::TaskMessage& task) {
+    const Busy busy(spec_.status, task);
     ExpectedSegment expected(pool_);  // outlives the samples, whose tensors may lie in it
     std::vector<Example> samples;
     std::vector<SkippedSample> skipped;
     std::int64_t failing_index = -1;
     try {
       if (spec_.dataset) {
+        const std::vector<std::int64_t> indices = indices_to_load(task, skipped);
         // With the default collate, the batch will most likely be laid out as the previous one
         // was: take its segment now, so that samples can build their tensors in place.
-        if (!spec_.collate_fn && last_layout_ && !task.indices.empty()) {
-          expected.expect(collate::resize_layout(*last_layout_, task.indices.size()));
+        if (!spec_.collate_fn && last_layout_ && !indices.empty()) {
+          expected.expect(collate::resize_layout(*last_layout_, indices.size()));
         }
         fetch_options_.outputs = expected.outputs();
-        FetchedBatch fetched = fetch_batch(*spec_.dataset, dataset_size_, task.indices, task.epoch,
-                                           who_, fetch_options_, &failing_index);
+        FetchedBatch fetched = fetch_batch(*spec_.dataset, dataset_size_, indices, task.epoch, who_,
+                                           fetch_options_, &failing_index);
         fetch_options_.outputs = nullptr;
         // A loader that is shutting down has hung up: stop now rather than after the whole
         // batch (a slow dataset could outlast the grace period).
         if (fetched.stopped) exit_now(0);
         samples = std::move(fetched.samples);
-        skipped = std::move(fetched.skipped);
+        for (auto& s : fetched.skipped) skipped.push_back(std::move(s));
         if (samples.empty()) {  // every sample was skipped: nothing to collate
           ipc::BatchReadyMessage ready;
           ready.epoch = task.epoch;

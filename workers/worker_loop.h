@@ -11,6 +11,7 @@
 #include "ferry/dataset.h"
 
 #include "ipc/channel.h"
+#include "workers/worker_status.h"
 
 namespace ferry::workers {
 
@@ -36,6 +37,9 @@ struct WorkerSpec {
   std::size_t worker_threads = 1;               // samples of a batch loaded in parallel
   bool skip_errors = false;                     // on_error = skip
   pid_t parent_pid = 0;
+  // Shared with the main process: what this worker is doing (null: none). Not serialised: a
+  // fork worker inherits the mapping, a spawned one maps the descriptor it is given.
+  WorkerStatusPage* status = nullptr;
 };
 
 // The process settings a worker needs before anything else: LibTorch to one intra-op thread (a

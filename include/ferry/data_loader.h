@@ -37,7 +37,9 @@ struct WorkerRestart {
   int exit_code = -1;                  ///< its exit code, or -1 if a signal ended it
   int signal = 0;                      ///< the signal that ended it, or 0
   std::vector<std::uint64_t> batches;  ///< the batches of the epoch it held, loaded again
+  std::int64_t index = -1;             ///< the sample it was loading when it died, if that is known
   std::string message;                 ///< what happened, as an error would say it
+  std::vector<std::string> stderr_tail;  ///< its last lines on stderr
 };
 
 /// What a loader has delivered and skipped, over all its epochs so far.
@@ -51,6 +53,12 @@ struct LoaderStats {
   /// max_worker_restarts_total of them: the budget bounds the list).
   std::vector<WorkerRestart> worker_restarts;
 };
+
+/// Makes every DataLoader worker of this process print, on stderr, the batch and the samples it
+/// is loading and a stack trace, without stopping it. Async-signal-safe. ferry takes SIGUSR1 for
+/// this when a loader first starts workers, unless the application has a handler for SIGUSR1
+/// already: then call this from that handler.
+void report_workers() noexcept;
 
 /// Iterates batches of a dataset, as torch.utils.data.DataLoader does.
 ///

@@ -52,6 +52,8 @@ struct WorkerFailure {
   std::string type_name;              ///< the C++ type of the original exception
   std::string message;                ///< the original what()
   std::vector<std::int64_t> indices;  ///< the indices of the batch(es) the worker held
+  /// A worker that died: the last lines it wrote to stderr (at most 20, oldest first).
+  std::vector<std::string> stderr_tail;
 };
 
 /// An exception raised inside a worker (by the dataset, collate, or worker_init_fn), raised

@@ -35,6 +35,14 @@ class Writer {
       for (const auto& item : v) put(item);
     }
   }
+  void put(const std::vector<SkippedSampleRecord>& records) {
+    put(static_cast<std::uint32_t>(records.size()));
+    for (const SkippedSampleRecord& s : records) {
+      put(s.index);
+      put(s.type_name);
+      put(s.message);
+    }
+  }
   void put(const FieldMeta& f) {
     put(f.name);
     put(f.kind);
@@ -89,6 +97,20 @@ class Reader {
     v.reserve(std::min<std::uint32_t>(n, 4096));
     for (std::uint32_t i = 0; i < n; ++i) v.push_back(get_string(what));
     return v;
+  }
+  // At most `limit` records (a count over it is refused before anything is read).
+  std::vector<SkippedSampleRecord> get_skipped(std::size_t limit, const char* what) {
+    const auto n = get<std::uint32_t>(what);
+    if (n > limit) throw Error(std::string("ferry protocol: absurd ") + what);
+    std::vector<SkippedSampleRecord> out;  // grown as records arrive: a count is no promise
+    for (std::uint32_t i = 0; i < n; ++i) {
+      SkippedSampleRecord s;
+      s.index = get<std::int64_t>("skipped index");
+      s.type_name = get_string("skipped type name");
+      s.message = get_string("skipped message");
+      out.push_back(std::move(s));
+    }
+    return out;
   }
   FieldMeta get_field() {
     FieldMeta f;
@@ -157,6 +179,7 @@ std::vector<std::byte> encode(const IndexMessage& message) {
     w.put(m->stream_position);
     w.put(static_cast<std::uint8_t>(m->has_stream_cursor));
     w.put(m->stream_cursor);
+    w.put(m->leave_out);
   } else if (const auto* m = std::get_if<RecycleMessage>(&message)) {
     w.header(kRecycle);
     w.put(m->segment_ids);
@@ -197,12 +220,7 @@ std::vector<std::byte> encode(const DataMessage& message) {
     w.put(m->fields);
     w.put(m->indices);
     w.put(m->retired_segments);
-    w.put(static_cast<std::uint32_t>(m->skipped.size()));
-    for (const SkippedSampleRecord& s : m->skipped) {
-      w.put(s.index);
-      w.put(s.type_name);
-      w.put(s.message);
-    }
+    w.put(m->skipped);
     w.put(static_cast<std::uint8_t>(m->has_stream_cursor));
     w.put(m->stream_cursor);
   } else if (const auto* m = std::get_if<SampleErrorMessage>(&message)) {
@@ -244,6 +262,7 @@ IndexMessage decode_index(std::span<const std::byte> bytes) {
       m.stream_position = r.get<std::uint64_t>("stream position");
       m.has_stream_cursor = r.get<std::uint8_t>("stream cursor flag") != 0;
       m.stream_cursor = r.get_string("stream cursor");
+      m.leave_out = r.get_skipped(m.indices.size(), "left-out count");
       out = std::move(m);
       break;
     }
@@ -298,15 +317,7 @@ DataMessage decode_data(std::span<const std::byte> bytes) {
       for (std::uint32_t i = 0; i < nfields; ++i) m.fields.push_back(r.get_field());
       m.indices = r.get_vector<std::int64_t>("indices");
       m.retired_segments = r.get_vector<std::uint64_t>("retired segments");
-      const auto nskipped = r.get<std::uint32_t>("skipped count");
-      if (nskipped > m.indices.size() + 1'000'000) throw Error("ferry protocol: absurd skip count");
-      for (std::uint32_t i = 0; i < nskipped; ++i) {
-        SkippedSampleRecord s;
-        s.index = r.get<std::int64_t>("skipped index");
-        s.type_name = r.get_string("skipped type name");
-        s.message = r.get_string("skipped message");
-        m.skipped.push_back(std::move(s));
-      }
+      m.skipped = r.get_skipped(m.indices.size() + 1'000'000, "skipped count");
       m.has_stream_cursor = r.get<std::uint8_t>("stream cursor flag") != 0;
       m.stream_cursor = r.get_string("stream cursor");
       out = std::move(m);

@@ -14,9 +14,14 @@
 
 namespace ferry::ipc {
 
-inline constexpr std::uint16_t kProtocolVersion = 5;
+inline constexpr std::uint16_t kProtocolVersion = 6;
 
 // ---- index channel: main to worker ----
+struct SkippedSampleRecord {  // on_error = skip: a sample left out of its batch, and why
+  std::int64_t index = -1;
+  std::string type_name;
+  std::string message;
+};
 struct TaskMessage {  // load batch `sequence` of `epoch` (map-style: these indices)
   std::uint64_t epoch = 0;
   std::uint64_t sequence = 0;
@@ -29,6 +34,9 @@ struct TaskMessage {  // load batch `sequence` of `epoch` (map-style: these indi
   std::uint64_t stream_position = 0;
   bool has_stream_cursor = false;
   std::string stream_cursor;
+  // Samples of `indices` not to load (quarantined: their loading killed workers), reported back
+  // as skipped with these records.
+  std::vector<SkippedSampleRecord> leave_out;
 };
 struct RecycleMessage {  // the training loop let go of these segments: reuse them
   std::vector<std::uint64_t> segment_ids;
@@ -68,11 +76,6 @@ struct FieldMeta {
   std::uint64_t offset = 0;
   std::uint64_t nbytes = 0;
   std::vector<std::string> strings;  // string fields only
-};
-struct SkippedSampleRecord {  // on_error = skip: a sample left out of its batch, and why
-  std::int64_t index = -1;
-  std::string type_name;
-  std::string message;
 };
 // A batch whose every sample was skipped has num_samples = 0, no fields and no segment.
 inline constexpr std::uint64_t kNoSegment = ~std::uint64_t{0};

@@ -157,16 +157,18 @@ std::size_t measure_received_segment(int fd) {
   return static_cast<std::size_t>(st.st_size);
 }
 
-SharedMemory SharedMemory::create(std::size_t size, const char* name) {
+namespace {
+
+// A memfd, or where there is none a POSIX shm object with a unique name, unlinked at once.
+UniqueFd open_anonymous(const char* name, bool& memfd) {
   UniqueFd fd;
   if (g_no_memfd) {
     errno = ENOSYS;
   } else {
     fd.reset(::memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING));
   }
-  const bool memfd = fd.valid();
+  memfd = fd.valid();
   if (!fd && (errno == ENOSYS || errno == EINVAL)) {
-    // No memfd: a POSIX shm object with a unique name, unlinked at once.
     static std::atomic<unsigned> counter{0};
     char shm_name[96];
     std::snprintf(shm_name, sizeof shm_name, "/ferry-%d-%u-%s", static_cast<int>(::getpid()),
@@ -178,6 +180,28 @@ SharedMemory SharedMemory::create(std::size_t size, const char* name) {
     throw std::system_error(errno, std::generic_category(),
                             "memfd_create(" + std::string(name) + ")");
   }
+  return fd;
+}
+
+}  // namespace
+
+SharedMemory SharedMemory::create_page(std::size_t size, const char* name) {
+  bool memfd = false;
+  UniqueFd fd = open_anonymous(name, memfd);
+  if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) {
+    throw std::system_error(errno, std::generic_category(),
+                            "ftruncate of a " + format_bytes(size) + " shared page");
+  }
+  if (memfd && ::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    throw std::system_error(errno, std::generic_category(),
+                            "sealing a shared page (fcntl F_ADD_SEALS)");
+  }
+  return SharedMemory(std::move(fd), size);
+}
+
+SharedMemory SharedMemory::create(std::size_t size, const char* name) {
+  bool memfd = false;
+  UniqueFd fd = open_anonymous(name, memfd);
   if (size > 0) {
     int error = 0;
     if (g_fail_count.load() > 0 && g_fail_count.fetch_sub(1) > 0) {

@@ -43,6 +43,9 @@ class SharedMemory {
  public:
   SharedMemory() = default;
   static SharedMemory create(std::size_t size, const char* name);
+  /// A small region for bookkeeping (not a batch), sized with ftruncate and sealed the same way;
+  /// fail_next_allocations() does not apply to it.
+  static SharedMemory create_page(std::size_t size, const char* name);
 
   int fd() const noexcept { return fd_.get(); }
   std::size_t size() const noexcept { return size_; }

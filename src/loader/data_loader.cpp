@@ -13,6 +13,7 @@
 #include "loader/multi_process_epoch.h"
 #include "workers/fetch.h"
 #include "workers/spawn.h"
+#include "workers/worker_output.h"
 
 namespace ferry {
 
@@ -308,5 +309,7 @@ DataLoader::Iterator& DataLoader::Iterator::operator++() {
 bool DataLoader::Iterator::at_end() const noexcept {
   return !epoch_ || (!epoch_->current && !epoch_->error);
 }
+
+void report_workers() noexcept { workers::request_worker_reports(); }
 
 }  // namespace ferry

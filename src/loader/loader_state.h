@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -78,6 +79,11 @@ struct LoaderState {
   void record_skipped(std::uint64_t epoch,
                       const std::vector<workers::SkippedSample>& skipped) const;
   mutable std::vector<WorkerRestart> restarts;  // under stats_mutex: every respawn so far
+  // on_worker_death=respawn, under use_mutex (the iterating thread): the deaths each sample's
+  // loading caused (what each was), and the samples left out for it from then on, with the
+  // record each of their batches reports them by.
+  std::map<std::int64_t, std::vector<std::string>> worker_kills;
+  std::map<std::int64_t, workers::SkippedSample> quarantined;
 
   // Stops every worker of this loader; iterators then throw LoaderClosed. Idempotent, noexcept,
   // bounded by the shutdown grace.

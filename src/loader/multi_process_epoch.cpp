@@ -377,6 +377,15 @@ void MultiProcessEpoch::send_task(WorkerSlot& w,
     task.epoch = epoch_;
     task.sequence = sequence;
     task.indices = std::move(indices);
+    if (!state_->quarantined.empty()) {
+      for (const std::int64_t index : task.indices) {
+        const auto q = state_->quarantined.find(index);
+        if (q == state_->quarantined.end()) continue;
+        bool listed = false;
+        for (const auto& record : task.leave_out) listed = listed || record.index == index;
+        if (!listed) task.leave_out.push_back(q->second);
+      }
+    }
     task.recycled = std::move(w.recycled);
     ipc::IndexMessage message(std::move(task));
     if (iterable_ && resume_ && !stream_resumed_[w.id] && w.id < resume_->streams.size()) {
@@ -698,6 +707,12 @@ void MultiProcessEpoch::check_handshake(WorkerSlot& w, const ipc::WorkerReadyMes
   pool_->mark_ready(w);
 }
 
+bool MultiProcessEpoch::oom_killed(const WorkerSlot& w) const {
+  const auto& cgroup = pool_->memory_cgroup();
+  const std::optional<std::uint64_t> now = cgroup ? cgroup->oom_kills() : std::nullopt;
+  return now && w.oom_kills_at_start && *now > *w.oom_kills_at_start;
+}
+
 std::string MultiProcessEpoch::sigkill_hint(const WorkerSlot& w) const {
   if (w.process.killed_by_terminate()) return "";  // ferry's own SIGKILL, said where it was sent
   const auto& cgroup = pool_->memory_cgroup();
@@ -783,20 +798,74 @@ void MultiProcessEpoch::respawn(WorkerSlot& w, WorkerRestart record) {
   for (auto& task : tasks) send_task(fresh, task.sequence, std::move(task.indices));
 }
 
+std::optional<std::int64_t> MultiProcessEpoch::crash_suspect(const WorkerSlot& w,
+                                                             bool& by_signal) const {
+  by_signal = false;
+  const workers::WorkerStatusPage* page = w.status.page();
+  if (page == nullptr) return std::nullopt;
+  const auto held = [&](std::int64_t index) {
+    for (const auto& task : w.in_flight) {
+      if (task.token != token_) continue;
+      for (const std::int64_t i : task.indices) {
+        if (i == index) return true;
+      }
+    }
+    return false;
+  };
+  // A fatal signal names the sample of the thread that raised it.
+  const std::int64_t crashed = page->crashed_index.load(std::memory_order_acquire);
+  if (crashed >= 0) {
+    if (!held(crashed)) return std::nullopt;
+    by_signal = true;
+    return crashed;
+  }
+  // Otherwise (SIGKILL, an exit inside Dataset::get) only if one sample alone was in hand.
+  std::optional<std::int64_t> only;
+  for (const auto& slot : page->slots) {
+    const std::int64_t index = slot.index.load(std::memory_order_relaxed);
+    if (index < 0) continue;
+    if (only && *only != index) return std::nullopt;
+    only = index;
+  }
+  return only && held(*only) ? only : std::nullopt;
+}
+
+namespace {
+
+// "; its last lines on stderr:" and up to `shown` of them, indented.
+std::string quote_tail(const std::vector<std::string>& tail, std::size_t shown = 5) {
+  if (tail.empty()) return {};
+  std::string out = "; its last lines on stderr:";
+  for (std::size_t i = tail.size() > shown ? tail.size() - shown : 0; i < tail.size(); ++i) {
+    out += "\n  | " + tail[i];
+  }
+  return out;
+}
+
+}  // namespace
+
 void MultiProcessEpoch::worker_died(WorkerSlot& w) {
   w.dead = true;
   std::optional<ipc::ExitStatus> status = w.process.try_wait();
   if (!status) status = w.process.terminate(std::chrono::milliseconds(200));
   WorkerFailure failure = failure_of(w);
+  // Its process is gone: what it wrote last is in the pipe, or soon (a process it started may
+  // still hold the pipe: not waited for long).
+  failure.stderr_tail = WorkerPool::finish_stderr(
+      w, std::chrono::steady_clock::now() + std::chrono::milliseconds(200));
   if (status->exit_code == workers::kSampleTimeoutExitCode &&
       state_->options.sample_timeout.count() > 0) {
     const std::string what = detail::str(
         "DataLoader worker ", w.id, " (pid ", w.process.pid(), ") spent more than sample_timeout (",
         static_cast<double>(state_->options.sample_timeout.count()) / 1000.0,
         " s) on one sample of batch ", failure.batch, " of epoch ", epoch_, " (indices ",
-        list_indices(failure.indices), "; the worker's stderr names the index) and was stopped");
+        list_indices(failure.indices), "; the worker's stderr names the index) and was stopped",
+        quote_tail(failure.stderr_tail, 2));
     fail(std::make_exception_ptr(TimeoutError(what, std::move(failure))));
   }
+  bool raised_in_sample = false;  // a fatal signal of its own while loading the suspect
+  const std::optional<std::int64_t> suspect = crash_suspect(w, raised_in_sample);
+  if (suspect) failure.index = *suspect;
   std::string held;
   for (const auto& task : w.in_flight) {
     if (task.token != token_) continue;
@@ -820,9 +889,54 @@ void MultiProcessEpoch::worker_died(WorkerSlot& w) {
   }
   std::string what =
       detail::str("DataLoader worker ", w.id, " (pid ", w.process.pid(), ") ", status->describe(),
+                  suspect ? detail::str(" while loading index ", *suspect) : std::string(),
                   held.empty() ? std::string(" while idle") : " while holding " + held, ", epoch ",
                   epoch_, hint);
-  if (state_->options.on_worker_death == OnWorkerDeath::kRespawn) {
+  const bool respawning = state_->options.on_worker_death == OnWorkerDeath::kRespawn;
+  // A sample that killed a worker once may be unlucky; twice, it is the sample. Deaths the
+  // sample caused count: a fatal signal the worker raised itself while loading it, an exit from
+  // inside its Dataset::get, a SIGKILL while it alone was in hand and the memory cgroup's OOM
+  // killer counted a kill during the worker's life. A signal sent from elsewhere (a user, a
+  // scheduler, ferry's own timeout) says nothing about the sample and does not count.
+  const bool sample_caused =
+      suspect && (raised_in_sample || (status->signal == 0 && status->exit_code != 0) ||
+                  (status->signal == SIGKILL && !w.process.killed_by_terminate() && oom_killed(w)));
+  std::size_t kills = 0;
+  if (respawning && sample_caused) {
+    // The last line the worker wrote itself (the crash line ferry's handler adds says no more
+    // than the signal and index already given).
+    std::string said;
+    for (auto line = failure.stderr_tail.rbegin(); line != failure.stderr_tail.rend(); ++line) {
+      if (line->rfind("ferry: DataLoader worker ", 0) == 0) continue;
+      said = "; its last line on stderr: " + *line;
+      break;
+    }
+    auto& deaths = state_->worker_kills[*suspect];
+    deaths.push_back(detail::str("worker ", w.id, " (pid ", w.process.pid(), ") ",
+                                 status->describe(), " in epoch ", epoch_, said));
+    kills = deaths.size();
+  }
+  if (respawning && kills >= 2) {
+    const std::string deaths = detail::join(state_->worker_kills[*suspect], "; ");
+    if (state_->options.on_error != OnError::kSkip) {
+      what += detail::str("; index ", *suspect, " has now killed ", kills, " workers (", deaths,
+                          "), so it is not loaded again and the epoch ends. Set on_error=skip to "
+                          "leave such a sample out (quarantine) and go on, or fix what crashes "
+                          "on it");
+      pool_->mark_broken();
+      failure.message = status->describe();
+      fail(std::make_exception_ptr(WorkerDiedError(what + quote_tail(failure.stderr_tail),
+                                                   std::move(failure), status->exit_code,
+                                                   status->signal)));
+    }
+    state_->quarantined[*suspect] = workers::SkippedSample{
+        *suspect, "quarantined",
+        detail::str("its loading killed ", kills, " DataLoader workers (", deaths,
+                    "); on_worker_death=respawn leaves it out from then on")};
+    what += detail::str("; index ", *suspect, " has killed ", kills,
+                        " workers: quarantined, left out from now on and reported as skipped");
+  }
+  if (respawning) {
     const auto refused = restart_refused();
     if (!refused) {
       respawn(w, WorkerRestart{.epoch = epoch_,
@@ -831,7 +945,9 @@ void MultiProcessEpoch::worker_died(WorkerSlot& w) {
                                .exit_code = status->exit_code,
                                .signal = status->signal,
                                .batches = {},
-                               .message = what});
+                               .index = suspect.value_or(-1),
+                               .message = what,
+                               .stderr_tail = failure.stderr_tail});
       return;
     }
     std::string history;
@@ -854,6 +970,7 @@ void MultiProcessEpoch::worker_died(WorkerSlot& w) {
   }
   pool_->mark_broken();
   failure.message = status->describe();
+  what += quote_tail(failure.stderr_tail);
   fail(std::make_exception_ptr(
       WorkerDiedError(what, std::move(failure), status->exit_code, status->signal)));
 }

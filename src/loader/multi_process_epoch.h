@@ -79,6 +79,11 @@ class MultiProcessEpoch final : public EpochIterator {
   void worker_gone(WorkerSlot& w);
   // What a SIGKILL of `w` means: the memory cgroup's OOM killer (its count went up), or not.
   std::string sigkill_hint(const WorkerSlot& w) const;
+  // Whether the memory cgroup counted an out-of-memory kill while `w` ran.
+  bool oom_killed(const WorkerSlot& w) const;
+  // The sample whose loading killed `w`, when its status page says so and `w` held it;
+  // `by_signal`: a fatal signal of its own named it (else it was the one sample in hand).
+  std::optional<std::int64_t> crash_suspect(const WorkerSlot& w, bool& by_signal) const;
   // Whether the budget allows one more restart; if not, the reason.
   std::optional<std::string> restart_refused() const;
   // Replaces `w` by a new worker and sends it the unfinished tasks `w` held for this epoch.

@@ -15,6 +15,7 @@
 #include "workers/forker.h"
 #include "workers/spawn.h"
 #include "workers/worker_loop.h"
+#include "workers/worker_output.h"
 
 namespace ferry::detail {
 
@@ -61,6 +62,7 @@ void WorkerPool::restart_worker(std::size_t id) {
   (void)old.process.terminate(std::chrono::milliseconds(0));  // reaped already; made sure
   workers::close_parent_only_fd(old.process.take_pidfd());
   if (old.ready) --ready_;
+  (void)finish_stderr(old, std::chrono::steady_clock::now() + std::chrono::milliseconds(100));
   const std::uint64_t generation = old.generation + 1;
   WorkerSlot fresh = launch(id);
   fresh.generation = generation;
@@ -77,12 +79,36 @@ std::optional<std::chrono::steady_clock::time_point> WorkerPool::startup_deadlin
   return earliest;
 }
 
+namespace {
+
+// Closes whatever of a new worker's channels and pipe ends is still here, unregistering each.
+void discard(workers::WorkerChannels& c, workers::StatusPage& status) noexcept {
+  for (ipc::Channel* channel : {&c.main_index, &c.main_data, &c.worker_index, &c.worker_data}) {
+    if (channel->valid()) workers::close_parent_only_fd(channel->release());
+  }
+  if (c.stderr_read) workers::close_parent_only_fd(std::move(c.stderr_read));
+  if (c.stderr_write) workers::close_parent_only_fd(std::move(c.stderr_write));
+  if (status.fd) workers::close_parent_only_fd(std::move(status.fd));
+}
+
+}  // namespace
+
 WorkerSlot WorkerPool::launch(std::size_t id) {
   workers::reap_dead_forkserver();  // a forkserver that died meanwhile is no zombie for long
   // Before the process exists: an out-of-memory kill of it at start-up counts after this.
-  oom_kills_before_launch_ = cgroup_ ? cgroup_->oom_kills() : std::nullopt;
+  const std::optional<std::uint64_t> oom_kills = cgroup_ ? cgroup_->oom_kills() : std::nullopt;
   const DataLoaderOptions& o = state_.options;
-  auto [main_index, main_data, worker_index, worker_data] = workers::make_worker_channels();
+  workers::WorkerChannels channels = workers::make_worker_channels();
+  workers::StatusPage status;
+  std::uint64_t stderr_key = 0;
+  try {
+    status = workers::make_status_page();
+    workers::register_parent_only_fd(status.fd.get());
+    stderr_key = workers::relay_worker_stderr(channels.stderr_read);
+  } catch (...) {
+    discard(channels, status);
+    throw;
+  }
 
   workers::WorkerSpec spec;
   spec.worker_id = id;
@@ -103,86 +129,110 @@ WorkerSlot WorkerPool::launch(std::size_t id) {
   spec.sample_timeout = o.sample_timeout;
   spec.worker_threads = o.worker_threads;
   spec.skip_errors = o.on_error == OnError::kSkip;
-  if (*o.start_method != StartMethod::kFork) {
-    return start_fresh_worker(spec, std::move(main_index), std::move(main_data),
-                              std::move(worker_index), std::move(worker_data));
-  }
-  const int index_fd = worker_index.fd();
-  const int data_fd = worker_data.fd();
-  // The child's ends: the child adopts them; this process closes them right after the fork.
-  std::vector<ipc::UniqueFd> child_ends;
-  child_ends.push_back(worker_index.release());
-  child_ends.push_back(worker_data.release());
-
-  // The main process's ends are registered (make_worker_channels), so no worker, this one
-  // included, keeps them open; unregistered again if the fork fails.
+  spec.status = status.page();  // a fork worker's (inherited mapping); a fresh one maps its own
   pid_t pid = -1;
   try {
-    pid = workers::fork_worker(
-        [spec, index_fd, data_fd]() {
-          workers::prepare_worker_process(spec);
-          workers::run_worker(spec, ipc::Channel(ipc::UniqueFd(index_fd)),
-                              ipc::Channel(ipc::UniqueFd(data_fd)));
-        },
-        std::move(child_ends));
+    if (*o.start_method != StartMethod::kFork) {
+      pid = start_fresh_worker(channels, status);
+    } else {
+      workers::close_parent_only_fd(std::move(status.fd));  // the child inherits the mapping
+      const int index_fd = channels.worker_index.fd();
+      const int data_fd = channels.worker_data.fd();
+      const int stderr_fd = channels.stderr_write.get();
+      // The child's ends: the child adopts them; this process closes them right after the fork.
+      std::vector<ipc::UniqueFd> child_ends;
+      child_ends.push_back(channels.worker_index.release());
+      child_ends.push_back(channels.worker_data.release());
+      child_ends.push_back(std::move(channels.stderr_write));
+      pid = workers::fork_worker(
+          [spec, index_fd, data_fd, stderr_fd]() {
+            if (stderr_fd != STDERR_FILENO) {  // its stderr: the pipe this process relays
+              ::dup2(stderr_fd, STDERR_FILENO);
+              ::close(stderr_fd);
+            }
+            workers::prepare_worker_process(spec);
+            workers::run_worker(spec, ipc::Channel(ipc::UniqueFd(index_fd)),
+                                ipc::Channel(ipc::UniqueFd(data_fd)));
+          },
+          std::move(child_ends));
+    }
   } catch (...) {
-    workers::unregister_parent_only_fd(main_index.fd());
-    workers::unregister_parent_only_fd(main_data.fd());
+    discard(channels, status);
+    (void)workers::finish_worker_stderr(stderr_key, std::chrono::steady_clock::now());
     throw;
   }
-  WorkerSlot slot =
-      make_slot(spec.worker_id, std::move(main_index), std::move(main_data), pid, /*ready=*/true);
-  // Allowed (workers never use CUDA); remembered for the advice an error naming CUDA gets.
-  slot.forked_after_cuda = device::cuda_initialized();
-  return slot;
-}
-
-WorkerSlot WorkerPool::make_slot(
-    std::size_t id, ipc::Channel main_index, ipc::Channel main_data, pid_t pid, bool ready) {
   WorkerSlot slot;
   slot.id = id;
-  slot.index = std::move(main_index);
-  slot.data = std::move(main_data);
   slot.process = ipc::ChildProcess(pid);
-  // Its pidfd is this process's alone: workers forked later must not hold it.
-  if (slot.process.pidfd() >= 0) workers::register_parent_only_fd(slot.process.pidfd());
-  slot.ready = ready;
-  ready_ += ready ? 1 : 0;
-  slot.oom_kills_at_start = oom_kills_before_launch_;
+  try {
+    // Its pidfd is this process's alone (workers forked later must not hold it); SIGUSR1
+    // reaches the worker through it.
+    if (slot.process.pidfd() >= 0) workers::register_worker_pidfd(slot.process.pidfd());
+  } catch (...) {
+    (void)slot.process.terminate(std::chrono::milliseconds(0));  // killed and reaped
+    discard(channels, status);
+    (void)workers::finish_worker_stderr(stderr_key, std::chrono::steady_clock::now());
+    throw;
+  }
+  slot.index = std::move(channels.main_index);
+  slot.data = std::move(channels.main_data);
+  // spawn and forkserver: not ready until its handshake (the dataset rebuilt) arrives.
+  slot.ready = *o.start_method == StartMethod::kFork;
+  ready_ += slot.ready ? 1 : 0;
+  slot.oom_kills_at_start = oom_kills;
+  slot.status = std::move(status);
+  slot.stderr_key = stderr_key;
+  if (*o.start_method == StartMethod::kFork) {
+    // Allowed (workers never use CUDA); remembered for the advice an error naming CUDA gets.
+    slot.forked_after_cuda = device::cuda_initialized();
+  } else {
+    // Queued: the worker reads it once it has started. If it died already, the death is
+    // reported by the epoch's wait, with the "before its handshake" note. If it cannot be
+    // queued (no memory), the slot is given up here: killed, reaped, every descriptor closed.
+    try {
+      ipc::SetupMessage setup =
+          workers::setup_message(spec, state_.dataset_config, state_.collate_config);
+      (void)slot.index.post(ipc::encode(ipc::IndexMessage(std::move(setup))));
+    } catch (...) {
+      (void)slot.process.terminate(std::chrono::milliseconds(0));
+      workers::close_parent_only_fd(slot.index.release());
+      workers::close_parent_only_fd(slot.data.release());
+      workers::close_parent_only_fd(slot.process.take_pidfd());
+      (void)finish_stderr(slot, std::chrono::steady_clock::now());
+      ready_ -= slot.ready ? 1 : 0;
+      throw;
+    }
+  }
   return slot;
 }
 
-WorkerSlot WorkerPool::start_fresh_worker(const workers::WorkerSpec& spec,
-                                          ipc::Channel main_index,
-                                          ipc::Channel main_data,
-                                          ipc::Channel worker_index,
-                                          ipc::Channel worker_data) {
+pid_t WorkerPool::start_fresh_worker(workers::WorkerChannels& channels,
+                                     workers::StatusPage& status) {
   // The worker's ends stay registered (a fork for another loader must not keep them) until
   // they are closed here, once the new process has its copies.
   const DataLoaderOptions& o = state_.options;
-  pid_t pid = -1;
+  const pid_t pid =
+      *o.start_method == StartMethod::kSpawn
+          ? workers::spawn_worker(state_.worker_program, channels.worker_index.fd(),
+                                  channels.worker_data.fd(), status.fd.get(),
+                                  channels.stderr_write.get())
+          : workers::forkserver_worker(channels.worker_index.fd(), channels.worker_data.fd(),
+                                       status.fd.get(), channels.stderr_write.get());
+  workers::close_parent_only_fd(channels.worker_index.release());
+  workers::close_parent_only_fd(channels.worker_data.release());
+  workers::close_parent_only_fd(std::move(channels.stderr_write));
+  workers::close_parent_only_fd(std::move(status.fd));
+  return pid;
+}
+
+std::vector<std::string> WorkerPool::finish_stderr(
+    WorkerSlot& w, std::chrono::steady_clock::time_point deadline) noexcept {
+  if (w.stderr_key == 0) return {};
   try {
-    pid = *o.start_method == StartMethod::kSpawn
-              ? workers::spawn_worker(state_.worker_program, worker_index.fd(), worker_data.fd())
-              : workers::forkserver_worker(worker_index.fd(), worker_data.fd());
-  } catch (...) {
-    workers::close_parent_only_fd(worker_index.release());
-    workers::close_parent_only_fd(worker_data.release());
-    workers::unregister_parent_only_fd(main_index.fd());
-    workers::unregister_parent_only_fd(main_data.fd());
-    throw;
+    return workers::finish_worker_stderr(std::exchange(w.stderr_key, 0), deadline);
+  } catch (...) {  // no memory for the lines: the pipe is closed all the same
+    return {};
   }
-  workers::close_parent_only_fd(worker_index.release());
-  workers::close_parent_only_fd(worker_data.release());
-  // Not ready until its handshake (the dataset rebuilt) arrives.
-  WorkerSlot slot =
-      make_slot(spec.worker_id, std::move(main_index), std::move(main_data), pid, /*ready=*/false);
-  ipc::SetupMessage setup =
-      workers::setup_message(spec, state_.dataset_config, state_.collate_config);
-  // Queued: the worker reads it once it has started. If it died already, the death is reported
-  // by the epoch's wait, with the "before its handshake" note.
-  (void)slot.index.post(ipc::encode(ipc::IndexMessage(std::move(setup))));
-  return slot;
 }
 
 namespace {
@@ -225,6 +275,9 @@ void WorkerPool::finish_stop(std::chrono::steady_clock::time_point deadline) noe
   request_stop();
   if (stopped_) return;
   stopped_ = true;
+  // Every worker's last output has until the same moment (a process a worker started may hold
+  // its stderr open): shutting down many workers does not take longer for it.
+  std::chrono::steady_clock::time_point stderr_deadline{};
   for (auto& w : workers_) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
@@ -243,6 +296,11 @@ void WorkerPool::finish_stop(std::chrono::steady_clock::time_point deadline) noe
     }
     if (w.data.valid()) workers::close_parent_only_fd(w.data.release());
     workers::close_parent_only_fd(w.process.take_pidfd());
+    // Reaped: its last output is relayed before the pipe closes.
+    if (stderr_deadline == std::chrono::steady_clock::time_point{}) {
+      stderr_deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+    }
+    (void)finish_stderr(w, stderr_deadline);
     w.segments.clear();  // batches still held keep their own mappings
   }
 }

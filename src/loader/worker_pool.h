@@ -15,7 +15,9 @@
 #include "ipc/child_process.h"
 #include "ipc/shared_memory.h"
 #include "loader/loader_state.h"
+#include "workers/forker.h"
 #include "workers/worker_loop.h"
+#include "workers/worker_status.h"
 
 namespace ferry::detail {
 
@@ -65,6 +67,10 @@ struct WorkerSlot {
   std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
   // The memory cgroup's OOM-kill count when it started, to tell an OOM kill from another SIGKILL.
   std::optional<std::uint64_t> oom_kills_at_start;
+  // What the worker says it is doing (the samples in hand, the one that crashed it).
+  workers::StatusPage status;
+  // Its stderr, relayed to this process's (0: not relayed, or finished).
+  std::uint64_t stderr_key = 0;
 };
 
 namespace fault {
@@ -81,6 +87,10 @@ class WorkerPool {
       : state_(state), first_epoch_(first_epoch) {}
   // Starts the next worker. Throws std::system_error if its process or channels cannot be made.
   void start_worker();
+  // Worker `w`'s last lines on stderr, once its process has ended (waiting at most until
+  // `deadline` for the last of them); its pipe is closed. Empty the second time.
+  static std::vector<std::string> finish_stderr(
+      WorkerSlot& w, std::chrono::steady_clock::time_point deadline) noexcept;
   // on_worker_death=respawn: replaces worker `id`, whose process has exited and been reaped, by
   // a new one (the same start method and id, the next generation); its channels and pidfd are
   // closed, its segments' mappings left to the batches that hold them. Throws as start_worker.
@@ -134,17 +144,11 @@ class WorkerPool {
  private:
   // Starts worker `id`'s process and returns its slot (counted in ready_ if ready).
   WorkerSlot launch(std::size_t id);
-  WorkerSlot make_slot(
-      std::size_t id, ipc::Channel main_index, ipc::Channel main_data, pid_t pid, bool ready);
-  // spawn and forkserver: start the process, then queue its SetupMessage.
-  WorkerSlot start_fresh_worker(const workers::WorkerSpec& spec,
-                                ipc::Channel main_index,
-                                ipc::Channel main_data,
-                                ipc::Channel worker_index,
-                                ipc::Channel worker_data);
+  // spawn and forkserver: starts the process with the worker's ends of `channels` and the
+  // status page's descriptor, then closes them here; returns its pid.
+  pid_t start_fresh_worker(workers::WorkerChannels& channels, workers::StatusPage& status);
   std::vector<WorkerSlot> workers_;
   std::optional<ipc::MemoryCgroup> cgroup_ = ipc::MemoryCgroup::of_self();
-  std::optional<std::uint64_t> oom_kills_before_launch_;  // launch() to make_slot()
   std::uint64_t owner_ = 0;
   bool broken_ = false;
   std::size_t ready_ = 0;

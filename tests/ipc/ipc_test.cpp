@@ -1,15 +1,18 @@
 // The OS primitives and the wire protocol, on their own.
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <thread>
 
 #include <gmock/gmock.h>
@@ -20,6 +23,7 @@
 #include "ipc/cgroup.h"
 #include "ipc/channel.h"
 #include "ipc/child_process.h"
+#include "ipc/output_relay.h"
 #include "ipc/protocol.h"
 #include "ipc/shared_memory.h"
 
@@ -30,8 +34,12 @@ using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
 
 TEST(Protocol, EveryMessageRoundTrips) {
-  TaskMessage task{7, 42, {1, -2, 3}, {9, 10}, 12, true, "shard-3:17"};
+  TaskMessage task{7, 42, {1, -2, 3}, {9, 10}, 12, true, "shard-3:17", {{3, "quarantined", "x"}}};
   const auto t = std::get<TaskMessage>(decode_index(encode(IndexMessage(task))));
+  ASSERT_EQ(t.leave_out.size(), 1u);
+  EXPECT_EQ(t.leave_out[0].index, 3);
+  EXPECT_EQ(t.leave_out[0].type_name, "quarantined");
+  EXPECT_EQ(t.leave_out[0].message, "x");
   EXPECT_EQ(t.epoch, 7u);
   EXPECT_EQ(t.sequence, 42u);
   EXPECT_EQ(t.indices, task.indices);
@@ -289,6 +297,70 @@ TEST(ChildProcess, ReapsAndDescribesHowAChildEnded) {
   }  // the destructor kills and reaps
   EXPECT_NE(::kill(sleeps, 0), 0) << "the child survived its owner";
   EXPECT_EQ(signal_name(SIGKILL), "SIGKILL");
+}
+
+// Reads everything from `fd` until it has been quiet for 200 ms.
+std::string read_quietly(int fd) {
+  std::string out;
+  char buffer[4096];
+  for (;;) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 200) <= 0) return out;
+    const ssize_t n = ::read(fd, buffer, sizeof buffer);
+    if (n <= 0) return out;
+    out.append(buffer, static_cast<std::size_t>(n));
+  }
+}
+
+TEST(OutputRelay, ForwardsEverythingAndKeepsTheLastLinesOfEachPipe) {
+  int target[2];
+  ASSERT_EQ(::pipe2(target, O_CLOEXEC), 0);
+  UniqueFd target_read(target[0]), target_write(target[1]);
+  int wakes = 0;
+  std::mutex mutex;
+  std::condition_variable woken;
+  OutputRelay relay({.target_fd = target_write.get(),
+                     .tail_lines = 3,
+                     .line_bytes = 10,
+                     .on_wake =
+                         [&] {
+                           const std::lock_guard<std::mutex> lock(mutex);
+                           ++wakes;
+                           woken.notify_all();
+                         },
+                     .close_fd = {}});
+  int a[2], b[2];
+  ASSERT_EQ(::pipe2(a, O_CLOEXEC), 0);
+  ASSERT_EQ(::pipe2(b, O_CLOEXEC), 0);
+  UniqueFd reader_a(a[0]), reader_b(b[0]);
+  const auto key_a = relay.add(reader_a);
+  const auto key_b = relay.add(reader_b);
+  EXPECT_FALSE(reader_a.valid());  // the relay's now
+  UniqueFd writer_a(a[1]), writer_b(b[1]);
+  const std::string text_a = "one\ntwo\nthree\nfour is a long line\nfive";
+  ASSERT_EQ(::write(writer_a.get(), text_a.data(), text_a.size()),
+            static_cast<ssize_t>(text_a.size()));
+  ASSERT_EQ(::write(writer_b.get(), "bee\n", 4), 4);
+  // Everything goes through, in full, as it comes.
+  const std::string relayed = read_quietly(target_read.get());
+  EXPECT_THAT(relayed, HasSubstr(text_a));
+  EXPECT_THAT(relayed, HasSubstr("bee\n"));
+  EXPECT_EQ(relayed.size(), text_a.size() + 4);
+  // The tail: the last 3 lines (the unfinished one included), each cut at 10 bytes.
+  writer_a.reset();  // its process ended
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  EXPECT_EQ(relay.finish(key_a, deadline),
+            (std::vector<std::string>{"three", "four is a ", "five"}));
+  EXPECT_TRUE(relay.finish(key_a, deadline).empty());  // finished: forgotten
+  // A pipe whose writer lives on is given up at the deadline, its lines kept.
+  const auto started = std::chrono::steady_clock::now();
+  EXPECT_EQ(relay.finish(key_b, started + std::chrono::milliseconds(100)),
+            std::vector<std::string>{"bee"});
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(2));
+  // wake() (async-signal-safe) runs on_wake on the relay's thread.
+  relay.wake();
+  std::unique_lock<std::mutex> lock(mutex);
+  EXPECT_TRUE(woken.wait_for(lock, std::chrono::seconds(5), [&] { return wakes == 1; }));
 }
 
 // The files of a memory cgroup, v2 and v1, as the kernel writes them.

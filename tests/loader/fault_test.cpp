@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -43,6 +44,8 @@
 namespace ferry {
 namespace {
 
+using ::testing::HasSubstr;
+
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 using testing::FaultyDataset;
@@ -68,6 +71,7 @@ FERRY_EACH_START_METHOD(MainProcessDeath);
 FERRY_EACH_START_METHOD(Shutdown);
 FERRY_EACH_START_METHOD(Seeding);
 FERRY_EACH_START_METHOD(ForkSafety);
+FERRY_EACH_START_METHOD(Diagnostics);
 
 // Iterates until a WorkerDiedError; returns it (or fails the child).
 template <class Check>
@@ -98,6 +102,12 @@ TEST_P(WorkerDeath, SegfaultIsReportedWithSignalPidAndIndices) {  // row 1
       REQUIRE(what.find("SIGSEGV") != std::string::npos, what);
       REQUIRE(what.find("(pid " + std::to_string(e.failure().pid)) != std::string::npos, what);
       REQUIRE(what.find("indices 20, 21, 22, 23") != std::string::npos, what);
+      // The sample it was loading, from its status page, and what it said last.
+      REQUIRE(what.find("while loading index 21") != std::string::npos, what);
+      REQUIRE(e.failure().index == 21, what);
+      REQUIRE(what.find("its last lines on stderr:\n  | test.faulty: index 21 is bad") !=
+                  std::string::npos,
+              what);
       return 0;
     });
   });
@@ -118,7 +128,94 @@ TEST_P(WorkerDeath, ACrashingWorkerSaysSoOnStderr) {  // row 1
       60s);
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, ::testing::HasSubstr("ferry: DataLoader worker 0 (pid "));
-  EXPECT_THAT(r.output, ::testing::HasSubstr(") got a fatal SIGSEGV"));
+  EXPECT_THAT(r.output, ::testing::HasSubstr(") got a fatal SIGSEGV while loading index 1"));
+  EXPECT_THAT(r.output, ::testing::HasSubstr("test.faulty: index 1 is bad"));
+}
+
+// Issue 16: SIGUSR1 to the main process makes every worker print where it is (its batch, the
+// sample in hand, a stack), and the epoch goes on: every index once, in order.
+TEST_P(Diagnostics, SigusrOneMakesEveryWorkerSayWhereItIsWithoutStoppingIt) {
+  const StartMethod method = GetParam();
+  const auto r = testing::run_in_child(
+      [method] {
+        // Up to 20 ms a sample: the loop outruns the workers, which are always loading.
+        DataLoader loader(testing::ledger(48, 64, 20000),
+                          {.batch_size = 4, .num_workers = 2, .start_method = method});
+        std::int64_t expected = 0;
+        int batches = 0;
+        for (auto& batch : loader) {
+          if (batches++ == 2) REQUIRE(::kill(::getpid(), SIGUSR1) == 0);
+          for (const std::int64_t i : batch.indices()) REQUIRE(i == expected++, "index ", i);
+        }
+        REQUIRE(expected == 48, expected);
+        return 0;
+      },
+      60s);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("asked 2 DataLoader workers to print where they are"));
+  for (const char* worker :
+       {"ferry: DataLoader worker 0 (pid ", "ferry: DataLoader worker 1 (pid "})
+    EXPECT_THAT(r.output, HasSubstr(worker));
+  EXPECT_THAT(r.output, HasSubstr("), on SIGUSR1: "));  // busy or waiting: timing decides
+  EXPECT_THAT(r.output, HasSubstr("stack of the thread that took the signal:\n"));
+}
+
+// Sample 9 takes 2 s; the others none.
+class SlowNine : public Dataset {
+ public:
+  std::size_t size() const override { return 16; }
+  Example get(std::size_t index, SampleContext&) const override {
+    if (index == 9) std::this_thread::sleep_for(2s);
+    return {{"x", static_cast<std::int64_t>(index)}};
+  }
+};
+
+// The report names the sample in hand: worker 0 loads batch 2 (8 to 11) right after batch 0,
+// and is inside sample 9 for 2 s when the loop asks, 300 ms after batch 0.
+TEST(DiagnosticsFork, TheReportNamesTheSampleInHand) {
+  const auto r = testing::run_in_child(
+      [] {
+        DataLoader loader(std::make_shared<SlowNine>(),
+                          {.batch_size = 4, .num_workers = 2, .start_method = StartMethod::kFork});
+        int batches = 0;
+        for (auto& batch : loader) {
+          (void)batch;
+          if (batches++ == 0) {
+            std::this_thread::sleep_for(300ms);
+            REQUIRE(::kill(::getpid(), SIGUSR1) == 0);
+          }
+        }
+        REQUIRE(batches == 4, batches);
+        return 0;
+      },
+      60s);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("on SIGUSR1: epoch 0, batch 2, loading index 9;"));
+}
+
+// An application that handles SIGUSR1 itself keeps it; ferry::report_workers() does the same
+// from its handler.
+TEST(DiagnosticsFork, AnApplicationsOwnSigusrOneHandlerIsLeftAlone) {
+  const auto r = testing::run_in_child(
+      [] {
+        static volatile sig_atomic_t got = 0;
+        ::signal(SIGUSR1, [](int) {
+          got = 1;
+          report_workers();
+        });
+        DataLoader loader(testing::ledger(24, 64, 20000), {.batch_size = 4, .num_workers = 1});
+        int batches = 0;
+        for (auto& batch : loader) {
+          (void)batch;
+          if (batches++ == 1) REQUIRE(::kill(::getpid(), SIGUSR1) == 0);
+        }
+        REQUIRE(got == 1, "the application's handler did not run");
+        return 0;
+      },
+      60s);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("asked 1 DataLoader worker to print where they are"));
+  EXPECT_THAT(r.output, HasSubstr("ferry: DataLoader worker 0 (pid "));
 }
 
 TEST_P(Resources, EveryDescriptorTheLoaderOpensIsCloseOnExec) {
@@ -155,6 +252,14 @@ TEST_P(WorkerDeath, ExitCodesAbortTerminateAndQuickExit) {  // row 3
         const std::string expected =
             c.signal != 0 ? "SIGABRT" : "exited with code " + std::to_string(c.code);
         REQUIRE(std::string(e.what()).find(expected) != std::string::npos, e.what());
+        // Row 3: the worker's last line on stderr, which ferry relayed and kept.
+        const auto& tail = e.failure().stderr_tail;
+        REQUIRE(std::find(tail.begin(), tail.end(), "test.faulty: index 21 is bad") != tail.end(),
+                e.what());
+        REQUIRE(std::string(e.what()).find("| test.faulty: index 21 is bad") != std::string::npos,
+                e.what());
+        // An exit inside Dataset::get, one sample in hand: that sample is named.
+        REQUIRE(e.failure().index == 21, e.what());
         return 0;
       });
     });

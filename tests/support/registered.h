@@ -5,6 +5,7 @@
 // before ferry::init. The builders below go through the registry, as a user's code would.
 
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <memory>
@@ -26,6 +27,8 @@ class FaultyDataset : public LedgerDataset {
       : LedgerDataset(n, 64), bad_(bad), fault_(fault) {}
   Example get(std::size_t index, SampleContext& ctx) const override {
     if (index == bad_) {
+      // What a decoder says before it gives up: the error reporting the death quotes it.
+      std::fprintf(stderr, "test.faulty: index %zu is bad\n", index);
       switch (fault_) {
         case Fault::kSegfault:
           std::raise(SIGSEGV);
