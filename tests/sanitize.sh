@@ -32,6 +32,9 @@ case "$kind" in
     exit 2
     ;;
 esac
+# Time bounds that tests assert (a timeout's detection, a shutdown) are scaled: instrumented
+# workers start and run several times slower.
+export FERRY_TEST_TIME_SCALE=${FERRY_TEST_TIME_SCALE:-3}
 generator=()
 command -v ninja > /dev/null && generator=(-G Ninja)
 mkdir -p "$dir"

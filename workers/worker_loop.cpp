@@ -111,6 +111,9 @@ void on_fatal_signal(int signal, siginfo_t* info, void*) {
 }  // namespace
 
 void prepare_worker_process(const WorkerSpec& spec) {
+  // First: nothing below may leave an orphan if it hangs (a lock a thread of the parent held
+  // at the fork, say).
+  follow_parent(spec.parent_pid);
   at::set_num_threads(1);
   // A worker allocates and frees the same large sample buffers batch after batch. glibc would
   // hand them back to the kernel each time (mmap for blocks over 128 KiB, heap trimming), so
@@ -118,7 +121,6 @@ void prepare_worker_process(const WorkerSpec& spec) {
   // then stays at its peak working set, which it needs again for the next batch anyway.
   ::mallopt(M_MMAP_THRESHOLD, 32 << 20);
   ::mallopt(M_TRIM_THRESHOLD, 512 << 20);
-  follow_parent(spec.parent_pid);
   ::signal(SIGINT, SIG_IGN);  // Ctrl-C is the main process's decision
   ::signal(SIGPIPE, SIG_IGN);
   g_crash_prefix_len = static_cast<std::size_t>(std::snprintf(

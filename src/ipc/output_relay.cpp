@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <future>
 #include <system_error>
 
 namespace ferry::ipc {
@@ -34,7 +35,13 @@ void post_eventfd(int fd) noexcept {
 
 OutputRelay::OutputRelay(Options options)
     : options_(std::move(options)), control_(make_eventfd()), signal_(make_eventfd()) {
-  thread_ = std::thread([this] { run(); });
+  // Returns once the thread has made all it allocates: a worker forked right after (the first
+  // one is) must not copy an allocator lock that the new thread holds. glibc's malloc is safe
+  // across fork, but a sanitizer's allocator is not.
+  std::promise<void> started;
+  std::future<void> ready = started.get_future();
+  thread_ = std::thread([this, &started] { run(started); });
+  ready.wait();
 }
 
 OutputRelay::~OutputRelay() {
@@ -57,6 +64,9 @@ std::uint64_t OutputRelay::add(UniqueFd& read_end) {
     const std::lock_guard<std::mutex> lock(mutex_);
     key = next_key_++;
     Source& source = sources_[key];  // may throw: the descriptor is still the caller's
+    source.ring.resize(options_.tail_lines);
+    for (auto& line : source.ring) line.reserve(options_.line_bytes);
+    source.partial.reserve(options_.line_bytes);
     source.fd = std::move(read_end);
   }
   post_eventfd(control_.get());
@@ -96,7 +106,10 @@ std::vector<std::string> OutputRelay::tail(std::uint64_t key) const {
 void OutputRelay::wake() noexcept { post_eventfd(signal_.get()); }
 
 std::vector<std::string> OutputRelay::lines_of(const Source& source) const {
-  std::vector<std::string> lines(source.lines.begin(), source.lines.end());
+  std::vector<std::string> lines;
+  for (std::size_t i = 0; i < source.count; ++i) {
+    lines.push_back(source.ring[(source.first + i) % source.ring.size()]);
+  }
   if (!source.partial.empty()) lines.push_back(source.partial);
   if (lines.size() > options_.tail_lines) {
     lines.erase(lines.begin(), lines.end() - static_cast<std::ptrdiff_t>(options_.tail_lines));
@@ -114,11 +127,21 @@ void OutputRelay::close_source(Source& source) {
 }
 
 void OutputRelay::keep(Source& source, const char* bytes, std::size_t n) {
+  // Within the capacities reserved at add(): no allocation here.
   for (std::size_t i = 0; i < n; ++i) {
     if (bytes[i] == '\n') {
-      source.lines.push_back(std::move(source.partial));
+      if (source.ring.empty()) {
+        source.partial.clear();
+        continue;
+      }
+      std::string& slot = source.ring[(source.first + source.count) % source.ring.size()];
+      slot.assign(source.partial);
+      if (source.count < source.ring.size()) {
+        ++source.count;
+      } else {
+        source.first = (source.first + 1) % source.ring.size();
+      }
       source.partial.clear();
-      while (source.lines.size() > options_.tail_lines) source.lines.pop_front();
     } else if (bytes[i] != '\r' && source.partial.size() < options_.line_bytes) {
       source.partial.push_back(bytes[i]);
     }
@@ -153,14 +176,17 @@ void OutputRelay::relay(Source& source, const char* bytes, std::size_t n) {
   }
 }
 
-void OutputRelay::run() {
+void OutputRelay::run(std::promise<void>& started) {
   // Signals are the application's threads' business; a write to a closed pipe gives EPIPE.
   sigset_t all;
   ::sigfillset(&all);
   ::pthread_sigmask(SIG_BLOCK, &all, nullptr);
   std::vector<pollfd> fds;
   std::vector<Source*> polled;
+  fds.reserve(256);  // grown only past 254 workers
+  polled.reserve(256);
   std::vector<char> buffer(64 * 1024);
+  started.set_value();
   for (;;) {
     fds.clear();
     polled.clear();

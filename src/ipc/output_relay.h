@@ -7,8 +7,8 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <functional>
+#include <future>
 #include <map>
 #include <mutex>
 #include <string>
@@ -54,13 +54,18 @@ class OutputRelay {
  private:
   struct Source {
     UniqueFd fd;
-    std::deque<std::string> lines;
+    // The last lines, a ring whose strings are reserved at add(): the thread never allocates
+    // while it relays (a fork made meanwhile, under a sanitizer's allocator, could otherwise
+    // inherit its lock held).
+    std::vector<std::string> ring;
+    std::size_t first = 0;  // the oldest line in `ring`
+    std::size_t count = 0;  // lines in `ring`
     std::string partial;    // the line being written
     bool ended = false;     // EOF or an error: fd closed by the thread
     bool dropped = false;   // finish() gave up waiting: the thread closes it...
     bool orphaned = false;  // ...and, once finish() has returned, forgets it
   };
-  void run();
+  void run(std::promise<void>& started);
   void relay(Source& source, const char* bytes, std::size_t n);  // unlocked: writes
   void keep(Source& source, const char* bytes, std::size_t n);   // under mutex_
   void close_source(Source& source);                             // under mutex_
