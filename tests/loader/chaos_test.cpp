@@ -8,6 +8,8 @@
 // descriptor, mapping or shared-memory name behind. Each run is a forked child.
 //
 //   FERRY_CHAOS_RUNS   runs (default 50)      FERRY_CHAOS_SEED   the first seed (default 1)
+//   FERRY_CHAOS_NO_FORKSERVER   set: runs drawn for the forkserver use spawn (tests/sanitize.sh
+//                               thread sets it)
 //
 // A failing run prints its seed and plan; FERRY_CHAOS_SEED=S FERRY_CHAOS_RUNS=1 replays it alone.
 
@@ -98,9 +100,12 @@ Plan make_plan(std::uint64_t seed) {
   auto pick = [&](std::uint64_t n) { return static_cast<int>(r() % n); };
   Plan p;
   p.seed = seed;
-  // Mostly fork (fast); spawn and forkserver in one run in four each.
+  // Mostly fork (fast); spawn and forkserver in one run in eight each.
   const int m = pick(8);
   p.method = m < 6 ? StartMethod::kFork : (m == 6 ? StartMethod::kSpawn : StartMethod::kForkserver);
+  if (p.method == StartMethod::kForkserver && std::getenv("FERRY_CHAOS_NO_FORKSERVER") != nullptr) {
+    p.method = StartMethod::kSpawn;  // ThreadSanitizer: no forkserver can work there
+  }
   p.workers = 1 + static_cast<std::size_t>(pick(3));
   p.in_order = pick(3) != 0;
   p.persistent = pick(2) == 0;
