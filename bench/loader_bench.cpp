@@ -653,19 +653,24 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-// Batches/s for tiny, MB/s otherwise; the median over the runs.
+// The unit of workload `w`'s throughput.
+const char* throughput_unit(Workload w) {
+  if (w == Workload::kJpeg) return "images/s";
+  return w == Workload::kTiny ? "batches/s" : "MB/s";
+}
+
+// One run's throughput: batches/s for tiny, images/s for jpeg, MB/s otherwise.
+double run_throughput(const Run& r, Workload w) {
+  if (w == Workload::kJpeg) return r.batches_per_s() * static_cast<double>(kJpegBatch);
+  return w == Workload::kTiny ? r.batches_per_s()
+                              : r.batches_per_s() * static_cast<double>(payload_bytes(w)) / 1e6;
+}
+
+// The median of the runs' throughputs (run_throughput).
 std::optional<double> throughput(const Cell& cell, Workload w) {
   if (cell.runs.empty()) return std::nullopt;
   std::vector<double> values;
-  for (const Run& r : cell.runs) {
-    if (w == Workload::kJpeg) {
-      values.push_back(r.batches_per_s() * static_cast<double>(kJpegBatch));  // images/s
-      continue;
-    }
-    values.push_back(w == Workload::kTiny
-                         ? r.batches_per_s()
-                         : r.batches_per_s() * static_cast<double>(payload_bytes(w)) / 1e6);
-  }
+  for (const Run& r : cell.runs) values.push_back(run_throughput(r, w));
   return median(values);
 }
 
@@ -880,6 +885,8 @@ struct Args {
   Budget budget;
   int repeat = 1;
   bool markdown = false;
+  std::string json;     // --json FILE: every result, as a JSON document
+  std::string command;  // argv, joined with spaces (for --json)
   bool peers = true;
   bool startup = false;
   std::string peer;
@@ -909,6 +916,7 @@ std::string default_peer() {
 constexpr const char* kUsage =
     "usage: ferry_loader_bench [--workloads tiny,tensor,tensor-view,jpeg] [--workers 1,2]\n"
     "                          [--seconds S | --batches N] [--repeat R] [--markdown]\n"
+    "                          [--json FILE]\n"
     "                          [--no-peers] [--peer PATH] [--python PATH]\n"
     "                          [--startup | --huge | --resume]\n"
     "                          [--device cuda[:N] [--gpu-step-ms X]]\n"
@@ -919,6 +927,9 @@ constexpr const char* kUsage =
     "  --batches N   time each run for N batches instead\n"
     "  --repeat R    runs per configuration; the table shows the median (default: 1)\n"
     "  --markdown    print Markdown tables (for the README)\n"
+    "  --json FILE   also write every result (the medians, and each run's value) to FILE as\n"
+    "                JSON, for bench/plot_workers.py (not with --startup, --huge, --resume,\n"
+    "                --device)\n"
     "  --no-peers    measure ferry only (no PyTorch, no LibTorch)\n"
     "  --huge        only time to first batch and peak memory of one epoch of 10^6 to 10^9\n"
     "                samples (sequential; 10^8 shuffled, beside a bare randperm), each run in\n"
@@ -970,6 +981,7 @@ std::size_t parse_count(const std::string& option, const std::string& value, std
 
 Args parse_args(int argc, char** argv) {
   Args args;
+  for (int i = 0; i < argc; ++i) args.command += (i ? " " : "") + std::string(argv[i]);
   for (int i = 1; i < argc; ++i) {
     std::string option = argv[i];
     std::optional<std::string> inline_value;
@@ -1019,6 +1031,9 @@ Args parse_args(int argc, char** argv) {
       args.repeat = static_cast<int>(parse_count(option, value(), 1));
     } else if (option == "--markdown") {
       args.markdown = true;
+    } else if (option == "--json") {
+      args.json = value();
+      if (args.json.empty()) usage_error("--json needs a file name");
     } else if (option == "--huge") {
       args.huge = true;
     } else if (option == "--resume") {
@@ -1060,6 +1075,11 @@ Args parse_args(int argc, char** argv) {
   }
   if (args.device && args.startup) usage_error("--device and --startup: choose one");
   if (args.gpu_step_given && !args.device) usage_error("--gpu-step-ms needs --device");
+  if (!args.json.empty() && (args.startup || args.huge || args.resume || args.device)) {
+    usage_error(
+        "--json writes the throughput tables only: leave it out with --startup, --huge, "
+        "--resume and --device");
+  }
   if (args.peer.empty()) args.peer = default_peer();
   return args;
 }
@@ -1090,6 +1110,126 @@ void collect(Cell& cell, int repeat, const std::string& what, Body&& body) {
       return;
     }
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// --json
+
+// `s` as a JSON string: quoted, with quotes, backslashes and control characters escaped.
+std::string json_quote(std::string_view s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char escaped[8];
+      std::snprintf(escaped, sizeof escaped, "\\u%04x",
+                    static_cast<unsigned>(static_cast<unsigned char>(c)));
+      out += escaped;
+    } else {
+      out += c;
+    }
+  }
+  out += '"';
+  return out;
+}
+
+// `v` as a JSON number; null when there is none or it is not finite.
+std::string json_value(std::optional<double> v) {
+  if (!v || !std::isfinite(*v)) return "null";
+  char text[32];
+  std::snprintf(text, sizeof text, "%.10g", *v);
+  return text;
+}
+
+// The processor's model name from /proc/cpuinfo, or "" where it has none.
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("model name", 0) != 0) continue;
+    const std::size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    const std::size_t begin = line.find_first_not_of(" \t", colon + 1);
+    return begin == std::string::npos ? "" : line.substr(begin);
+  }
+  return "";
+}
+
+// Writes every result of the throughput table to `path` as one JSON document (--json): per
+// workload, loader and worker count the median the table shows and each run's value, in the
+// table's unit, and the median time to first batch. Loaders not run are left out; a loader that
+// failed has "error" (and "value": null when no run finished). Returns false, having said why on
+// stderr, when the file cannot be written.
+bool write_json(const std::string& path,
+                const Args& args,
+                const std::vector<Row>& rows,
+                const PeerResults& peer,
+                double decode_only) {
+  std::string out = "{\n  \"format\": \"ferry.loader_bench\",\n  \"version\": 1,\n";
+  out += "  \"command\": " + json_quote(args.command) + ",\n";
+  out += "  \"machine\": {\"cpus\": " + std::to_string(std::thread::hardware_concurrency());
+  if (const std::string model = cpu_model(); !model.empty()) {
+    out += ", \"model\": " + json_quote(model);
+  }
+  if (!peer.torch_version.empty()) out += ", \"torch\": " + json_quote(peer.torch_version);
+  char libtorch[48];
+  std::snprintf(libtorch, sizeof libtorch, "%d.%d.%d", TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR,
+                TORCH_VERSION_PATCH);
+  out += ", \"libtorch\": " + json_quote(libtorch) + ", \"ferry\": " + json_quote(FERRY_VERSION) +
+         "},\n";
+  out += "  \"repeat\": " + std::to_string(args.repeat) + ",\n";
+  if (args.budget.batches) {
+    out += "  \"budget\": {\"batches\": " + std::to_string(*args.budget.batches) + "},\n";
+  } else {
+    out += "  \"budget\": {\"seconds\": " + json_value(args.budget.seconds) + "},\n";
+  }
+  if (!g_jpeg.dir.empty()) {
+    out += "  \"jpeg\": {\"dir\": " + json_quote(g_jpeg.dir) +
+           ", \"files\": " + std::to_string(g_jpeg.files.size()) +
+           ", \"mean_bytes\": " + json_value(g_jpeg.mean_bytes) +
+           ", \"decode_only_images_per_s\": " + json_value(decode_only) + "},\n";
+  }
+  out += "  \"results\": [";
+  bool first = true;
+  for (const Row& row : rows) {
+    const Workload w = row.config.workload;
+    const std::pair<const char*, const Cell*> cells[] = {
+        {"ferry", &row.ferry}, {"pytorch", &row.pytorch}, {"libtorch", &row.libtorch}};
+    for (const auto& [loader, cell] : cells) {
+      if (cell->skipped) continue;
+      std::string runs;
+      for (const Run& r : cell->runs) {
+        runs += (runs.empty() ? "" : ", ") + json_value(run_throughput(r, w));
+      }
+      std::optional<double> first_batch_ms;
+      if (const auto s = first_batch(*cell)) first_batch_ms = *s * 1e3;
+      out += first ? "\n    {" : ",\n    {";
+      first = false;
+      out += "\"workload\": " + json_quote(name(w)) + ", \"loader\": " + json_quote(loader) +
+             ", \"workers\": " + std::to_string(row.config.num_workers) +
+             ", \"value\": " + json_value(throughput(*cell, w)) +
+             ", \"unit\": " + json_quote(throughput_unit(w)) + ", \"runs\": [" + runs +
+             "], \"first_batch_ms\": " + json_value(first_batch_ms);
+      if (!cell->error.empty()) out += ", \"error\": " + json_quote(cell->error);
+      out += "}";
+    }
+  }
+  out += first ? "]\n}\n" : "\n  ]\n}\n";
+
+  std::ofstream file(path, std::ios::binary | std::ios::trunc);
+  file << out;
+  file.close();
+  if (!file) {
+    std::fprintf(stderr, "ferry_loader_bench: --json %s: could not write the file\n", path.c_str());
+    return false;
+  }
+  std::fprintf(stderr, "wrote %s\n", path.c_str());
+  return true;
 }
 
 }  // namespace
@@ -1715,6 +1855,12 @@ int main(int argc, char** argv) {
   }
 #endif
   if (args.startup) return run_startup(args);
+  // A file --json cannot write fails now rather than after the runs. (It is rewritten at the end.)
+  if (!args.json.empty() && !std::ofstream(args.json, std::ios::app)) {
+    std::fprintf(stderr, "ferry_loader_bench: --json %s: cannot write: %s\n", args.json.c_str(),
+                 std::strerror(errno));
+    return 2;
+  }
 
   std::vector<Row> rows;
   for (Workload w : args.workloads) {
@@ -1766,13 +1912,10 @@ int main(int argc, char** argv) {
     const auto p = throughput(row.pytorch, w);
     const auto l = throughput(row.libtorch, w);
     const int decimals = 0;
-    table.push_back({std::string(name(w)), std::to_string(row.config.num_workers),
-                     w == Workload::kTiny   ? "batches/s"
-                     : w == Workload::kJpeg ? "images/s"
-                                            : "MB/s",
-                     format_value(row.ferry, f, decimals), format_value(row.pytorch, p, decimals),
-                     format_value(row.libtorch, l, decimals), format_ratio(f, p),
-                     format_ratio(f, l)});
+    table.push_back(
+        {std::string(name(w)), std::to_string(row.config.num_workers), throughput_unit(w),
+         format_value(row.ferry, f, decimals), format_value(row.pytorch, p, decimals),
+         format_value(row.libtorch, l, decimals), format_ratio(f, p), format_ratio(f, l)});
   }
   print_table({"workload", "workers", "unit", "ferry", "pytorch", "libtorch-threads",
                "ferry/pytorch", "ferry/libtorch"},
@@ -1829,5 +1972,6 @@ int main(int argc, char** argv) {
                   first_line.c_str());
     }
   }
+  if (!args.json.empty() && !write_json(args.json, args, rows, peer, decode_only)) return 1;
   return 0;
 }

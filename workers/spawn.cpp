@@ -130,6 +130,8 @@ ipc::SetupMessage setup_message(const WorkerSpec& spec,
   setup.worker_threads = spec.worker_threads;
   setup.skip_errors = spec.skip_errors;
   setup.parent_pid = spec.parent_pid;
+  setup.trace = spec.trace;
+  setup.cpus.assign(spec.cpus.begin(), spec.cpus.end());
   setup.dataset_config = std::move(dataset_config);
   setup.collate_config = std::move(collate_config);
   return setup;
@@ -149,6 +151,8 @@ WorkerSpec worker_spec(const ipc::SetupMessage& setup) {
   spec.worker_threads = static_cast<std::size_t>(setup.worker_threads);
   spec.skip_errors = setup.skip_errors;
   spec.parent_pid = static_cast<pid_t>(setup.parent_pid);
+  spec.trace = setup.trace;
+  spec.cpus.assign(setup.cpus.begin(), setup.cpus.end());
   return spec;
 }
 

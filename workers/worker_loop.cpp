@@ -2,11 +2,15 @@
 
 #include <cxxabi.h>
 #include <malloc.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/time.h>
+#include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -43,6 +47,14 @@ char g_watchdog_prefix[96];
 std::size_t g_watchdog_prefix_len = 0;
 
 WorkerStatusPage* g_status = nullptr;
+
+std::uint64_t clock_ns(clockid_t clock) {
+  timespec t{};
+  ::clock_gettime(clock, &t);
+  return static_cast<std::uint64_t>(t.tv_sec) * 1'000'000'000u +
+         static_cast<std::uint64_t>(t.tv_nsec);
+}
+std::uint64_t now_ns() { return clock_ns(CLOCK_MONOTONIC); }
 
 void write_number(std::int64_t v) {
   char digits[24];
@@ -115,6 +127,19 @@ void prepare_worker_process(const WorkerSpec& spec) {
   // at the fork, say).
   follow_parent(spec.parent_pid);
   at::set_num_threads(1);
+  if (!spec.cpus.empty()) {  // worker_cpus: checked against the main process's cores already
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (const int cpu : spec.cpus) {
+      if (cpu >= 0 && cpu < CPU_SETSIZE) CPU_SET(cpu, &set);
+    }
+    if (::sched_setaffinity(0, sizeof set, &set) != 0) {
+      std::fprintf(stderr,
+                   "ferry: DataLoader worker %zu (pid %d): sched_setaffinity for worker_cpus "
+                   "failed (%s); it runs on any core\n",
+                   spec.worker_id, static_cast<int>(::getpid()), std::strerror(errno));
+    }
+  }
   // A worker allocates and frees the same large sample buffers batch after batch. glibc would
   // hand them back to the kernel each time (mmap for blocks over 128 KiB, heap trimming), so
   // every batch would page-fault its samples in again; keep them instead. A worker's memory
@@ -211,11 +236,17 @@ class Worker {
         who_{spec.worker_id, spec.num_workers, spec.base_seed} {
     fetch_options_.threads = spec.worker_threads;
     fetch_options_.skip_errors = spec.skip_errors;
-    if (spec.sample_timeout.count() > 0) {
-      fetch_options_.before_sample = [this](std::int64_t index) {
-        watchdog_.emplace(spec_.sample_timeout, index);
+    const bool watch = spec.sample_timeout.count() > 0;
+    if (watch || spec.trace) {
+      fetch_options_.before_sample = [this, watch](std::int64_t index) {
+        if (watch) watchdog_.emplace(spec_.sample_timeout, index);
+        span_index_ = index;
+        if (spec_.trace) span_start_ = now_ns();
       };
-      fetch_options_.after_sample = [this] { watchdog_.reset(); };
+      fetch_options_.after_sample = [this, watch] {
+        if (watch) watchdog_.reset();
+        if (spec_.trace) spans_.push_back({span_index_, span_start_, now_ns()});
+      };
     }
     fetch_options_.stop_requested = [this] { return index_.peer_hung_up(); };
     fetch_options_.status = spec.status;
@@ -232,6 +263,7 @@ class Worker {
     }
     std::vector<std::byte> bytes;
     std::vector<ipc::UniqueFd> fds;
+    last_sent_ns_ = now_ns();
     for (;;) {
       fds.clear();
       bool got = false;
@@ -249,6 +281,10 @@ class Worker {
         fatal(0, "a malformed message arrived on the index channel: ");
       }
       if (auto* task = std::get_if<ipc::TaskMessage>(&message)) {
+        timing_ = {};
+        timing_.start_ns = now_ns();
+        timing_.waiting_ns = timing_.start_ns - std::min(timing_.start_ns, last_sent_ns_);
+        spans_.clear();
         for (const auto id : task->recycled) pool_.release(id);
         handle(*task);
       } else if (auto* recycle = std::get_if<ipc::RecycleMessage>(&message)) {
@@ -312,12 +348,24 @@ class Worker {
         const std::vector<std::int64_t> indices = indices_to_load(task, skipped);
         // With the default collate, the batch will most likely be laid out as the previous one
         // was: take its segment now, so that samples can build their tensors in place.
+        // Four clock reads a batch in all (about 20 ns each): each step starts where the last
+        // ended.
+        std::uint64_t t0 = timing_.start_ns;
         if (!spec_.collate_fn && last_layout_ && !indices.empty()) {
           expected.expect(collate::resize_layout(*last_layout_, indices.size()));
+          const std::uint64_t taken = now_ns();
+          timing_.segment_ns += taken - t0;
+          t0 = taken;
         }
         fetch_options_.outputs = expected.outputs();
         FetchedBatch fetched = fetch_batch(*spec_.dataset, dataset_size_, indices, task.epoch, who_,
                                            fetch_options_, &failing_index);
+        const std::uint64_t t1 = now_ns();
+        timing_.loading_ns = t1 - t0;
+        collate_start_ns_ = t1;
+        // Samples loaded in parallel are not timed one by one: one span for them all.
+        if (spec_.trace && spans_.empty() && !indices.empty())
+          spans_.push_back({ipc::kLoadSpan, t0, t1});
         fetch_options_.outputs = nullptr;
         // A loader that is shutting down has hung up: stop now rather than after the whole
         // batch (a slow dataset could outlast the grace period).
@@ -330,11 +378,18 @@ class Worker {
           ready.sequence = task.sequence;
           ready.segment_id = ipc::kNoSegment;
           ready.skipped = std::move(skipped);
+          stamp(ready);
           send(ipc::DataMessage(std::move(ready)));
           return;
         }
-      } else if (!read_stream(task, samples)) {
-        return;
+      } else {
+        const std::uint64_t t0 = timing_.start_ns;
+        const bool more = read_stream(task, samples);
+        const std::uint64_t t1 = now_ns();
+        timing_.loading_ns = t1 - t0;
+        collate_start_ns_ = t1;
+        if (!more) return;
+        if (spec_.trace) spans_.push_back({ipc::kLoadSpan, t0, t1});
       }
       send_batch(task, std::move(samples), std::move(skipped), expected);
     } catch (...) {
@@ -404,8 +459,17 @@ class Worker {
     }
     // The expected segment when the samples may be written there (most are already in place);
     // otherwise another, and the expected one is only read from, then freed.
-    const SegmentPool::Lease lease =
-        expected.can_write(samples, layout) ? expected.take() : pool_.acquire(layout.total_bytes);
+    std::optional<SegmentPool::Lease> taken;
+    if (expected.can_write(samples, layout)) {
+      taken = expected.take();  // taken (and timed) before loading
+    } else {
+      const std::uint64_t segment_start = now_ns();
+      taken = pool_.acquire(layout.total_bytes);
+      const std::uint64_t segment_ns = now_ns() - segment_start;
+      timing_.segment_ns += segment_ns;
+      collate_start_ns_ += segment_ns;  // the collation's time and span leave it out
+    }
+    const SegmentPool::Lease lease = *taken;
     try {
       fill_and_send(ready, layout, lease, samples, user_batch);
     } catch (...) {
@@ -442,9 +506,31 @@ class Worker {
       ready.fields.push_back(std::move(meta));
     }
     ready.retired_segments = pool_.take_retired();
+    const std::uint64_t collated = now_ns();
+    timing_.collating_ns = collated - std::min(collated, collate_start_ns_);
+    if (spec_.trace) spans_.push_back({ipc::kCollateSpan, collate_start_ns_, collated});
+    stamp(ready, collated);
     const int fd = lease.fd_to_send;
     send(ipc::DataMessage(std::move(ready)), fd);
     if (fd >= 0) pool_.sent(lease.id);
+  }
+
+  // The batch's timing and spans into its message; the clock for the next task's wait starts
+  // at `now` (the batch's last clock read; 0: read it). The process's CPU time is a system call
+  // (hundreds of ns): it is read every 10 ms at most, and the batch that reads it reports what
+  // the process used since the last read.
+  void stamp(ipc::BatchReadyMessage& ready, std::uint64_t now = 0) {
+    if (now == 0) now = now_ns();
+    if (last_cpu_ns_ == 0 || now - std::min(now, last_cpu_read_ns_) >= 10'000'000) {
+      const std::uint64_t cpu = clock_ns(CLOCK_PROCESS_CPUTIME_ID);
+      timing_.cpu_ns = cpu - std::min(cpu, last_cpu_ns_);
+      last_cpu_ns_ = cpu;
+      last_cpu_read_ns_ = now;
+    }
+    ready.timing = timing_;
+    ready.spans = std::move(spans_);
+    spans_.clear();
+    last_sent_ns_ = now;
   }
 
   static std::vector<std::string> strings_of(const std::vector<Example>& samples,
@@ -495,6 +581,15 @@ class Worker {
   FetchOptions fetch_options_;
   std::optional<collate::BatchLayout> last_layout_;  // the last default-collated batch's
   std::optional<SampleWatchdog> watchdog_;           // armed around each sample (sample_timeout)
+  // Stats and the trace: the task in hand's timing and spans, when the last batch went out.
+  ipc::WorkerTiming timing_;
+  std::vector<ipc::SpanRecord> spans_;
+  std::int64_t span_index_ = -1;
+  std::uint64_t span_start_ = 0;
+  std::uint64_t collate_start_ns_ = 0;
+  std::uint64_t last_sent_ns_ = 0;
+  std::uint64_t last_cpu_ns_ = 0;
+  std::uint64_t last_cpu_read_ns_ = 0;
   std::size_t dataset_size_ = spec_.dataset ? spec_.dataset->size() : 0;
 };
 

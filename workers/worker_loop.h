@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "ferry/collate.h"
 #include "ferry/dataset.h"
@@ -37,6 +38,8 @@ struct WorkerSpec {
   std::size_t worker_threads = 1;               // samples of a batch loaded in parallel
   bool skip_errors = false;                     // on_error = skip
   pid_t parent_pid = 0;
+  bool trace = false;     // a trace is on: report a span per sample and per collation
+  std::vector<int> cpus;  // the cores this worker may run on (sched_setaffinity); empty: any
   // Shared with the main process: what this worker is doing (null: none). Not serialised: a
   // fork worker inherits the mapping, a spawned one maps the descriptor it is given.
   WorkerStatusPage* status = nullptr;

@@ -42,6 +42,44 @@ struct WorkerRestart {
   std::vector<std::string> stderr_tail;  ///< its last lines on stderr
 };
 
+/// How long the training loop waited for batches (in `begin()` and `++`), in seconds. The
+/// quantiles come from a logarithmic histogram: within 2%.
+struct WaitStats {
+  std::size_t count = 0;  ///< batches (or errors) waited for
+  double total = 0;       ///< every wait, the one that found the end of the epoch too
+  double p50 = 0;
+  double p99 = 0;
+  double max = 0;
+};
+
+/// Where one worker process's time went, in seconds, from what it reports with each batch.
+struct WorkerTimeStats {
+  std::size_t worker_id = 0;
+  std::size_t batches = 0;
+  std::size_t samples = 0;
+  double loading = 0;    ///< in Dataset::get (or the iterable dataset's stream)
+  double collating = 0;  ///< laying batches out and writing them into shared memory
+  double segment = 0;    ///< getting shared-memory segments (a fresh one: memfd, fallocate, mmap)
+  double waiting = 0;    ///< waiting for a task: the training loop (or prefetch) was the limit
+  double cpu = 0;        ///< CPU time the process used (user and system)
+};
+
+/// One epoch, or (LoaderStats::total) every epoch so far together.
+struct EpochStats {
+  std::uint64_t epoch = 0;
+  bool finished = false;    ///< the loop reached the epoch's end
+  std::size_t batches = 0;  ///< delivered to the loop
+  std::size_t samples = 0;
+  double seconds = 0;  ///< from begin() to the end (or to the last batch, or to now)
+  double batches_per_second = 0;
+  WaitStats wait;
+  std::vector<WorkerTimeStats> workers;  ///< by worker id; empty with num_workers = 0
+  double worker_cpu_seconds = 0;
+  /// The workers' CPU time as a share of the machine: worker_cpu_seconds / (seconds x CPUs).
+  double worker_cpu_share = 0;
+  std::size_t shared_memory_peak = 0;  ///< bytes of batch segments mapped at once, at most
+};
+
 /// What a loader has delivered and skipped, over all its epochs so far.
 struct LoaderStats {
   std::size_t batches = 0;  ///< batches handed to the training loop
@@ -52,6 +90,12 @@ struct LoaderStats {
   /// Workers replaced under on_worker_death = respawn, oldest first (at most
   /// max_worker_restarts_total of them: the budget bounds the list).
   std::vector<WorkerRestart> worker_restarts;
+  /// The most recent epochs (up to 100), oldest first, the one in progress last.
+  std::vector<EpochStats> epochs;
+  /// Every epoch together: sums, the wait quantiles over every batch, the largest memory peak.
+  EpochStats total;
+  /// The cores the workers run on (DataLoaderOptions::worker_cpus, resolved); empty: any.
+  std::vector<int> worker_cpus;
 };
 
 /// Makes every DataLoader worker of this process print, on stderr, the batch and the samples it
@@ -130,8 +174,14 @@ class DataLoader {
   std::uint64_t epoch() const noexcept;
   /// The options after `resolve()`: the seed in use, the prefetch factor.
   const DataLoaderOptions& options() const noexcept;
-  /// Batches and samples delivered, and the samples skipped (on_error = skip) with their errors.
+  /// Batches and samples delivered, the samples skipped (on_error = skip) with their errors,
+  /// workers restarted, and where the time went: per epoch and in total, the loop's waits, each
+  /// worker's time split and CPU, and the shared memory in use at peak. Always on (it costs a
+  /// clock read per batch). Callable from any thread.
   LoaderStats stats() const;
+  /// Writes the trace recorded so far (DataLoaderOptions::trace_path or trace_events) to `path`
+  /// as Chrome trace-event JSON, atomically. Throws ferry::Error when no trace is on.
+  void write_trace(const std::filesystem::path& path) const;
 
   /// A checkpoint of what the training loop has consumed: a small JSON text (format version,
   /// seed, epoch, the batches of the epoch received so far, including those received out of
@@ -181,6 +231,8 @@ class DataLoader::Iterator {
   friend class DataLoader;
   explicit Iterator(std::shared_ptr<detail::EpochIterator> epoch);
   bool at_end() const noexcept;
+  // Loads the next batch; the loop's wait counts from `started_ns` (CLOCK_MONOTONIC).
+  void advance(std::uint64_t started_ns);
 
   std::shared_ptr<detail::EpochIterator> epoch_;
 };

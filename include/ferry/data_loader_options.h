@@ -105,6 +105,21 @@ struct DataLoaderOptions {
   /// epoch with a WorkerDiedError that lists every restart.
   std::size_t max_worker_restarts = 3;
   std::size_t max_worker_restarts_total = 10;
+  /// Not in PyTorch: the cores the worker processes run on (sched_setaffinity), as a list of
+  /// cores and ranges ("2-7,10"), or "gpu:N" for the cores local to GPU N (NVIDIA's NVML, loaded
+  /// at run time, as DALI does). The training thread's cores are left out: the cores it is bound
+  /// to when the loader is built, or, when it may run anywhere, the core it is on then (bind it,
+  /// e.g. with `taskset`, to make that stick). Empty (default): workers run on any core.
+  std::string worker_cpus{};
+  /// Not in PyTorch: when set, the loader records a trace (Chrome trace-event JSON, for Perfetto
+  /// or chrome://tracing: a track per worker with a span per sample and per collation, the
+  /// training loop's waits, each batch from dispatch to delivery, epochs, errors and restarts)
+  /// and writes it here when it is destroyed; DataLoader::write_trace() writes one at any time.
+  std::string trace_path{};
+  /// The trace keeps the most recent this many events (a ring: about 100 bytes each in memory,
+  /// 150 in the file), so a long run cannot fill a disk. 0: no trace unless trace_path is set,
+  /// then 131072.
+  std::size_t trace_events = 0;
 };
 
 /// Checks `options` against PyTorch's rules and fills in derived defaults (prefetch_factor, seed).

@@ -257,6 +257,23 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--resume", run.resume,
                       "continue from a checkpoint that --save-state wrote ({rank} in any file "
                       "name becomes this process's rank)");
+  run_cmd->add_option("--trace", run.trace,
+                      "write a Chrome trace-event JSON file of the loader (open it in Perfetto "
+                      "or chrome://tracing; {rank} becomes the rank)");
+  run_cmd->add_option("--trace-events", run.trace_events,
+                      "with --trace: keep the most recent N events (default 131072)");
+  run_cmd->add_flag("--headspace", run.headspace,
+                    "hold the first --headspace-batches batches, replay them from memory after "
+                    "the run, and report the loop's rate with and without real loading");
+  run_cmd
+      ->add_option("--headspace-batches", run.headspace_batches,
+                   "with --headspace: the batches held and replayed (default 64)")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 20));
+  run_cmd
+      ->add_option("--step-ms", run.step_ms,
+                   "a synthetic training step: keep the training thread busy this long per "
+                   "batch (milliseconds)")
+      ->check(CLI::Range(0.0, 60000.0));
   run_cmd
       ->add_option("--log-every", run.log_every,
                    "seconds between progress lines when not on a terminal")

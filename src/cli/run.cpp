@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <CLI/Error.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -111,6 +112,134 @@ class StopSignals {
   struct sigaction old_usr1_ {};
 };
 
+// The training loop's own work on one batch: it reads the size of every tensor (the bytes it
+// returns), and with --step-ms keeps the thread busy that long, as a training step would.
+std::size_t loop_step(const Batch& batch, double step_ms) {
+  std::size_t bytes = 0;
+  for (const std::string& name : batch) {
+    if (batch.is_tensor(name)) bytes += batch[name].nbytes();
+  }
+  if (step_ms > 0) {
+    const auto until = Clock::now() + std::chrono::duration<double, std::milli>(step_ms);
+    while (Clock::now() < until) {
+    }
+  }
+  return bytes;
+}
+
+// --headspace: the loop's rate with real loading (the run) and from memory (the replay).
+struct Headspace {
+  std::size_t held = 0;
+  std::size_t replayed = 0;
+  double loading_rate = 0;  // batches/s
+  double memory_rate = 0;
+  double speedup() const { return loading_rate > 0 ? memory_rate / loading_rate : 0.0; }
+};
+
+// Runs the loop over the held batches, round and round, as many times as the run delivered
+// batches (and for at least half a second), as fast as the loop takes them.
+Headspace replay(const std::vector<Batch>& held,
+                 double step_ms,
+                 std::size_t run_batches,
+                 double run_seconds) {
+  Headspace h;
+  h.held = held.size();
+  h.loading_rate = run_seconds > 0 ? static_cast<double>(run_batches) / run_seconds : 0.0;
+  if (held.empty()) return h;
+  const auto start = Clock::now();
+  std::size_t sink = 0;
+  while (h.replayed < std::max<std::size_t>(run_batches, held.size()) ||
+         seconds_since(start) < 0.5) {
+    sink += loop_step(held[h.replayed % held.size()], step_ms);
+    ++h.replayed;
+  }
+  const double seconds = seconds_since(start);
+  h.memory_rate = seconds > 0 ? static_cast<double>(h.replayed) / seconds : 0.0;
+  if (sink == 1) std::fputc(' ', stderr);  // keeps the loop's reads from being optimised out
+  return h;
+}
+
+void print_headspace(const Headspace& h) {
+  std::printf(
+      "  headspace: the loop ran %.1f batches/s with real loading and %.1f batches/s on %zu "
+      "batches replayed from memory: %.2fx%s\n",
+      h.loading_rate, h.memory_rate, h.held, h.speedup(),
+      h.speedup() > 1.1 ? " (loading holds training back; more workers or a lighter pipeline "
+                          "could help)"
+                        : " (loading keeps up with the loop)");
+}
+
+std::string megabytes(std::size_t bytes) {
+  char out[32];
+  std::snprintf(out, sizeof out, "%.1f MB", static_cast<double>(bytes) / 1e6);
+  return out;
+}
+
+// Where the time went, from the loader's stats: the loop's waits, the workers' split, their CPU.
+void print_time_split(const LoaderStats& stats) {
+  const EpochStats& t = stats.total;
+  if (t.seconds <= 0) return;
+  std::printf(
+      "  the loop waited for batches %.2f s of %.2f s (%.0f%%): p50 %.3f ms, p99 %.3f ms, max "
+      "%.3f ms; %.1f batches/s\n",
+      t.wait.total, t.seconds, 100.0 * t.wait.total / t.seconds, t.wait.p50 * 1e3, t.wait.p99 * 1e3,
+      t.wait.max * 1e3, t.batches_per_second);
+  if (t.workers.empty()) return;
+  double loading = 0, collating = 0, segment = 0, waiting = 0;
+  for (const WorkerTimeStats& w : t.workers) {
+    loading += w.loading;
+    collating += w.collating;
+    segment += w.segment;
+    waiting += w.waiting;
+  }
+  const double all = loading + collating + segment + waiting;
+  if (all <= 0) return;
+  std::printf(
+      "  workers: loading %.0f%%, collating %.0f%%, getting segments %.0f%%, waiting for work "
+      "%.0f%%; CPU %.2f cores (%.0f%% of the machine); shared memory peak %s\n",
+      100 * loading / all, 100 * collating / all, 100 * segment / all, 100 * waiting / all,
+      t.worker_cpu_seconds / t.seconds, 100 * t.worker_cpu_share,
+      megabytes(t.shared_memory_peak).c_str());
+}
+
+nlohmann::ordered_json epoch_json(const EpochStats& s) {
+  nlohmann::ordered_json workers = nlohmann::ordered_json::array();
+  for (const WorkerTimeStats& w : s.workers) {
+    workers.push_back({{"worker", w.worker_id},
+                       {"batches", w.batches},
+                       {"samples", w.samples},
+                       {"loading_s", w.loading},
+                       {"collating_s", w.collating},
+                       {"segment_s", w.segment},
+                       {"waiting_s", w.waiting},
+                       {"cpu_s", w.cpu}});
+  }
+  return {{"epoch", s.epoch},
+          {"finished", s.finished},
+          {"batches", s.batches},
+          {"samples", s.samples},
+          {"seconds", s.seconds},
+          {"batches_per_second", s.batches_per_second},
+          {"wait",
+           {{"count", s.wait.count},
+            {"total_s", s.wait.total},
+            {"p50_s", s.wait.p50},
+            {"p99_s", s.wait.p99},
+            {"max_s", s.wait.max}}},
+          {"workers", std::move(workers)},
+          {"worker_cpu_s", s.worker_cpu_seconds},
+          {"worker_cpu_share", s.worker_cpu_share},
+          {"shared_memory_peak_bytes", s.shared_memory_peak}};
+}
+
+nlohmann::ordered_json stats_json(const LoaderStats& stats) {
+  nlohmann::ordered_json epochs = nlohmann::ordered_json::array();
+  for (const EpochStats& e : stats.epochs) epochs.push_back(epoch_json(e));
+  return {{"total", epoch_json(stats.total)},
+          {"epochs", std::move(epochs)},
+          {"worker_cpus", stats.worker_cpus}};
+}
+
 }  // namespace
 
 std::string duration(double seconds) {
@@ -140,10 +269,19 @@ int run_pipeline(const RunOptions& options) {
   if (options.save_every && *options.save_every == 0) {
     throw CLI::ValidationError("--save-every", "must be at least 1");
   }
+  if (options.trace_events > 0 && options.trace.empty()) {
+    throw CLI::ValidationError("--trace-events", "needs --trace FILE to write to");
+  }
   if (options.save_every && options.save_state.empty()) {
     throw CLI::ValidationError("--save-every", "needs --save-state FILE to write to");
   }
-  const Pipeline pipeline = read_pipeline(options.config, {.set = options.set});
+  const std::string trace_path = for_this_rank(options.trace);
+  const Pipeline pipeline =
+      read_pipeline(options.config, {.set = options.set, .options = [&](DataLoaderOptions& o) {
+                                       if (!trace_path.empty()) o.trace_path = trace_path;
+                                       if (options.trace_events > 0)
+                                         o.trace_events = options.trace_events;
+                                     }});
   DataLoader loader = pipeline.make_loader();
   const std::string save_path = for_this_rank(options.save_state);
   std::size_t resumed_in_epoch = 0;  // batches of the first epoch consumed before --resume
@@ -204,6 +342,9 @@ int run_pipeline(const RunOptions& options) {
                                          .c_str());
     return kPreempted;
   };
+  // --headspace: the first batches, held for the replay after the run.
+  std::vector<Batch> held;
+  if (options.headspace) held.reserve(options.headspace_batches);
   for (std::size_t e = 0; e < epochs; ++e) {
     std::size_t in_epoch = e == 0 ? resumed_in_epoch : 0;
     if (options.max_batches && in_epoch >= *options.max_batches) {  // resumed past the limit
@@ -233,9 +374,8 @@ int run_pipeline(const RunOptions& options) {
       const Batch& batch = *current;
       ++progress.batches;
       progress.samples += batch.size();
-      for (const std::string& name : batch) {
-        if (batch.is_tensor(name)) progress.bytes += batch[name].nbytes();
-      }
+      progress.bytes += loop_step(batch, options.step_ms);
+      if (options.headspace && held.size() < options.headspace_batches) held.push_back(batch);
       if (dump) {
         *dump << nlohmann::ordered_json{{"epoch", batch.epoch()},
                                         {"batch", batch.sequence()},
@@ -253,6 +393,9 @@ int run_pipeline(const RunOptions& options) {
   progress.show(options.epochs - 1, options.epochs, true);
   const double seconds = seconds_since(progress.start);
   const LoaderStats stats = loader.stats();
+  std::optional<Headspace> headspace;
+  if (options.headspace) headspace = replay(held, options.step_ms, progress.batches, seconds);
+  held.clear();
   const double rate = seconds > 0 ? static_cast<double>(progress.samples) / seconds : 0.0;
   const double mbps = seconds > 0 ? static_cast<double>(progress.bytes) / seconds / 1e6 : 0.0;
 
@@ -268,6 +411,14 @@ int run_pipeline(const RunOptions& options) {
   for (const WorkerRestart& r : stats.worker_restarts) {
     std::printf("  worker restarted: epoch %llu: %s\n", static_cast<unsigned long long>(r.epoch),
                 r.message.c_str());
+  }
+  print_time_split(stats);
+  if (headspace) print_headspace(*headspace);
+  if (!trace_path.empty()) {
+    std::printf(
+        "  trace: %s (written when the loader goes: open it in https://ui.perfetto.dev or "
+        "chrome://tracing)\n",
+        trace_path.c_str());
   }
   std::fflush(stdout);
   if (dump && !dump->flush()) {
@@ -299,6 +450,16 @@ int run_pipeline(const RunOptions& options) {
                                         {"batches", r.batches},
                                         {"message", r.message}});
     }
+    out["stats"] = stats_json(stats);
+    if (headspace) {
+      out["headspace"] = {{"batches_held", headspace->held},
+                          {"replayed", headspace->replayed},
+                          {"loading_batches_per_second", headspace->loading_rate},
+                          {"memory_batches_per_second", headspace->memory_rate},
+                          {"speedup", headspace->speedup()},
+                          {"step_ms", options.step_ms}};
+    }
+    if (!trace_path.empty()) out["trace"] = trace_path;
     out["seed"] = *pipeline.options.seed;
     *json << out.dump(2) << "\n";
     if (!json->flush()) throw Error("--json " + options.json + ": write failed");

@@ -20,6 +20,11 @@ struct RunOptions {
   std::string save_state;                  // the loader's checkpoint, written atomically
   std::optional<std::size_t> save_every;   // ... every N batches (and at the end, and on SIGTERM)
   std::string resume;                      // continue from this checkpoint
+  std::string trace;                       // the loader's trace (Chrome trace-event JSON)
+  std::size_t trace_events = 0;            // ... its ring's size (0: the loader's default)
+  bool headspace = false;                  // hold and replay the first batches...
+  std::size_t headspace_batches = 64;      // ... this many
+  double step_ms = 0;                      // a synthetic training step per batch
 };
 
 // Exit code when SIGTERM or SIGUSR1 (a scheduler's preemption notice) stopped the run after the

@@ -216,6 +216,18 @@ const TypeInfo& loader_keys() {
            .default_value = 10,
            .help = "with respawn: restarts allowed over the loader's life",
            .min = 0},
+          {.name = "worker_cpus",
+           .type = ValueType::kString,
+           .help = "the cores workers run on: \"2-7,10\", or \"gpu:N\" for the cores local to "
+                   "GPU N (the training thread's are left out); unset: any"},
+          {.name = "trace_path",
+           .type = ValueType::kString,
+           .help = "write a Chrome trace-event JSON file (Perfetto) of the loader here"},
+          {.name = "trace_events",
+           .type = ValueType::kInt,
+           .default_value = 0,
+           .help = "the trace keeps the most recent this many events (0: 131072 with trace_path)",
+           .min = 0},
       }};
   return info;
 }
@@ -428,6 +440,9 @@ Pipeline build_pipeline(Config root,
                                 : OnWorkerDeath::kRaise;
   options.max_worker_restarts = args.get<std::size_t>("max_worker_restarts");
   options.max_worker_restarts_total = args.get<std::size_t>("max_worker_restarts_total");
+  if (args.has("worker_cpus")) options.worker_cpus = args.get<std::string>("worker_cpus");
+  if (args.has("trace_path")) options.trace_path = args.get<std::string>("trace_path");
+  options.trace_events = args.get<std::size_t>("trace_events");
   const Config* device_node = root.find("device_transforms");
   auto [device_steps, resolved_device_transforms] =
       build_device_transforms(device_node ? *device_node : Config());

@@ -200,6 +200,8 @@ std::vector<std::byte> encode(const IndexMessage& message) {
     w.put(m->worker_threads);
     w.put(static_cast<std::uint8_t>(m->skip_errors));
     w.put(m->parent_pid);
+    w.put(static_cast<std::uint8_t>(m->trace));
+    w.put(m->cpus);
     w.put(m->dataset_config);
     w.put(m->collate_config);
   } else {
@@ -223,6 +225,8 @@ std::vector<std::byte> encode(const DataMessage& message) {
     w.put(m->skipped);
     w.put(static_cast<std::uint8_t>(m->has_stream_cursor));
     w.put(m->stream_cursor);
+    w.put(m->timing);
+    w.put(m->spans);
   } else if (const auto* m = std::get_if<SampleErrorMessage>(&message)) {
     w.header(kSampleError);
     w.put(m->epoch);
@@ -289,6 +293,8 @@ IndexMessage decode_index(std::span<const std::byte> bytes) {
       m.worker_threads = r.get<std::uint64_t>("worker threads");
       m.skip_errors = r.get<std::uint8_t>("on_error") != 0;
       m.parent_pid = r.get<std::int64_t>("parent pid");
+      m.trace = r.get<std::uint8_t>("trace flag") != 0;
+      m.cpus = r.get_vector<std::int32_t>("cpus");
       m.dataset_config = r.get_string("dataset configuration");
       m.collate_config = r.get_string("collate configuration");
       out = std::move(m);
@@ -320,6 +326,12 @@ DataMessage decode_data(std::span<const std::byte> bytes) {
       m.skipped = r.get_skipped(m.indices.size() + 1'000'000, "skipped count");
       m.has_stream_cursor = r.get<std::uint8_t>("stream cursor flag") != 0;
       m.stream_cursor = r.get_string("stream cursor");
+      m.timing = r.get<WorkerTiming>("timing");
+      m.spans = r.get_vector<SpanRecord>("spans");
+      // A span per sample, one per batch for its collation and for its loading at most.
+      if (m.spans.size() > m.indices.size() + m.skipped.size() + 2) {
+        throw Error("ferry protocol: more trace spans than the batch has samples");
+      }
       out = std::move(m);
       break;
     }

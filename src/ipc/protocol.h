@@ -14,7 +14,7 @@
 
 namespace ferry::ipc {
 
-inline constexpr std::uint16_t kProtocolVersion = 6;
+inline constexpr std::uint16_t kProtocolVersion = 7;
 
 // ---- index channel: main to worker ----
 struct SkippedSampleRecord {  // on_error = skip: a sample left out of its batch, and why
@@ -61,8 +61,10 @@ struct SetupMessage {
   std::uint64_t worker_threads = 1;
   bool skip_errors = false;  // on_error = skip
   std::int64_t parent_pid = 0;
-  std::string dataset_config;  // Config::to_text()
-  std::string collate_config;  // empty: default collate
+  bool trace = false;              // send a span per sample with each batch (a trace is on)
+  std::vector<std::int32_t> cpus;  // the cores the worker runs on; empty: any
+  std::string dataset_config;      // Config::to_text()
+  std::string collate_config;      // empty: default collate
 };
 using IndexMessage =
     std::variant<TaskMessage, RecycleMessage, NewEpochMessage, StopMessage, SetupMessage>;
@@ -79,6 +81,25 @@ struct FieldMeta {
 };
 // A batch whose every sample was skipped has num_samples = 0, no fields and no segment.
 inline constexpr std::uint64_t kNoSegment = ~std::uint64_t{0};
+// Where a worker's time went on one batch (stats), in nanoseconds. Only reported: the main
+// process clamps what it adds up, and nothing it decides depends on them.
+struct WorkerTiming {
+  std::uint64_t start_ns = 0;      // CLOCK_MONOTONIC when the task arrived
+  std::uint64_t waiting_ns = 0;    // since the previous batch was sent: waiting for this task
+  std::uint64_t loading_ns = 0;    // Dataset::get (or the stream) for the batch's samples
+  std::uint64_t collating_ns = 0;  // laying the batch out and writing it into shared memory
+  std::uint64_t segment_ns = 0;    // getting a segment (a fresh one: memfd, fallocate, mmap)
+  std::uint64_t cpu_ns = 0;        // CPU the process used since its previous batch
+};
+// A trace's span of the worker's: a sample it loaded (index >= 0), or the batch's collation
+// (index -1) or whole loading (index -2, when samples are not timed one by one).
+struct SpanRecord {
+  std::int64_t index = 0;
+  std::uint64_t start_ns = 0;  // CLOCK_MONOTONIC
+  std::uint64_t end_ns = 0;
+};
+inline constexpr std::int64_t kCollateSpan = -1;
+inline constexpr std::int64_t kLoadSpan = -2;
 struct BatchReadyMessage {  // batch `sequence` is in segment `segment_id` (its fd attached once)
   std::uint64_t epoch = 0;
   std::uint64_t sequence = 0;
@@ -92,6 +113,8 @@ struct BatchReadyMessage {  // batch `sequence` is in segment `segment_id` (its 
   // Iterable datasets: the stream's cursor after this batch, when it gives one (checkpoints).
   bool has_stream_cursor = false;
   std::string stream_cursor;
+  WorkerTiming timing;
+  std::vector<SpanRecord> spans;  // a trace is on: the batch's samples and collation
 };
 struct SampleErrorMessage {  // batch `sequence` failed; the worker goes on
   std::uint64_t epoch = 0;

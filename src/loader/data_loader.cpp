@@ -1,5 +1,7 @@
 #include "ferry/data_loader.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <thread>
 
 #include <c10/util/Exception.h>
@@ -7,6 +9,7 @@
 #include "ferry/error.h"
 #include "ferry/registry.h"
 
+#include "loader/cpu_placement.h"
 #include "loader/epoch_iterator.h"
 #include "loader/in_process_epoch.h"
 #include "loader/loader_state.h"
@@ -37,6 +40,20 @@ std::shared_ptr<LoaderState> make_state(DataLoaderOptions options, CollateFn col
   if (o.pin_memory || (o.device && !o.device->is_cpu()) || !o.device_transforms.empty()) {
     state->stage =
         std::make_shared<device::DeviceStage>(o.device, o.pin_memory, o.device_transforms);
+  }
+  if (!o.worker_cpus.empty()) {
+    FERRY_CHECK(o.num_workers > 0, "worker_cpus=\"", o.worker_cpus,
+                "\" places worker processes, but num_workers=0 loads in the calling thread; set "
+                "num_workers, or drop worker_cpus");
+    state->worker_cpus =
+        detail::resolve_worker_cpus(o.worker_cpus, detail::this_thread_placement());
+  }
+  state->recorder = std::make_shared<detail::StatsRecorder>(
+      o.num_workers, state->worker_cpus.empty() ? detail::thread_cpus() : state->worker_cpus);
+  if (!o.trace_path.empty() || o.trace_events > 0) {
+    constexpr std::size_t kDefaultTraceEvents = 131072;
+    state->tracer = std::make_shared<detail::Tracer>(
+        o.trace_events > 0 ? o.trace_events : kDefaultTraceEvents, o.num_workers);
   }
   if (o.num_workers > std::thread::hardware_concurrency()) {
     TORCH_WARN_ONCE("ferry: num_workers=", o.num_workers, " but this machine has ",
@@ -216,16 +233,32 @@ DataLoader::DataLoader(std::shared_ptr<const IterableDataset> /*dataset*/,
       "batch; drop the batch_sampler and set batch_size, or use a map-style Dataset");
 }
 
+namespace {
+
+// A loader goes: its workers stop, and its trace goes to trace_path (a failure is said, not
+// thrown: this runs in a destructor).
+void finish(LoaderState& s) noexcept {
+  s.close();
+  if (!s.tracer || s.options.trace_path.empty()) return;
+  try {
+    s.tracer->write(s.options.trace_path);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ferry: DataLoader trace_path: %s\n", e.what());
+  }
+}
+
+}  // namespace
+
 DataLoader::DataLoader(DataLoader&&) noexcept = default;
 DataLoader& DataLoader::operator=(DataLoader&& other) noexcept {
   if (this != &other) {
-    if (state_) state_->close();
+    if (state_) finish(*state_);
     state_ = std::move(other.state_);
   }
   return *this;
 }
 DataLoader::~DataLoader() {
-  if (state_) state_->close();
+  if (state_) finish(*state_);
 }
 
 DataLoader::Iterator DataLoader::begin() {
@@ -236,18 +269,32 @@ DataLoader::Iterator DataLoader::begin() {
   const std::uint64_t epoch = state_->next_epoch;
   std::optional<LoaderState::Resume> resume;
   if (state_->resume && state_->resume->epoch == epoch) resume = state_->resume;
+  // The loop's wait for the first batch runs from here: starting workers is part of it.
+  const std::uint64_t started = detail::Tracer::now_ns();
+  const auto record = state_->recorder->open(epoch);
+  if (state_->tracer) state_->tracer->instant(detail::str("epoch ", epoch, " begins"));
   std::shared_ptr<detail::EpochIterator> impl;
-  if (state_->options.num_workers > 0) {
-    impl = std::make_shared<detail::MultiProcessEpoch>(state_, epoch, std::move(resume));
-  } else if (state_->dataset) {
-    impl = std::make_shared<detail::InProcessMapEpoch>(state_, epoch, std::move(resume));
-  } else {
-    impl = std::make_shared<detail::InProcessStreamEpoch>(state_, epoch, std::move(resume));
+  try {
+    if (state_->options.num_workers > 0) {
+      impl = std::make_shared<detail::MultiProcessEpoch>(state_, epoch, std::move(resume));
+    } else if (state_->dataset) {
+      impl = std::make_shared<detail::InProcessMapEpoch>(state_, epoch, std::move(resume));
+    } else {
+      impl = std::make_shared<detail::InProcessStreamEpoch>(state_, epoch, std::move(resume));
+    }
+  } catch (...) {
+    state_->recorder->forget(record);
+    if (state_->tracer)
+      state_->tracer->instant("error", detail::str("epoch ", epoch, " did not start"));
+    throw;
   }
+  impl->tally = std::make_unique<detail::EpochTally>(state_->recorder, record);
+  impl->tracer = state_->tracer;
+  impl->epoch_number = epoch;
   state_->next_epoch = epoch + 1;
   state_->resume.reset();
   Iterator it(std::move(impl));
-  ++it;
+  it.advance(started);
   return it;
 }
 
@@ -282,7 +329,19 @@ LoaderStats DataLoader::stats() const {
   }
   out.batches = state_->delivered_batches.load(std::memory_order_relaxed);
   out.samples = state_->delivered_samples.load(std::memory_order_relaxed);
+  state_->recorder->fill(out);
+  out.worker_cpus = state_->worker_cpus;
   return out;
+}
+
+void DataLoader::write_trace(const std::filesystem::path& path) const {
+  FERRY_CHECK(state_ != nullptr, "DataLoader: use of a moved-from loader");
+  if (!state_->tracer) {
+    throw Error(detail::str("DataLoader::write_trace(", path.string(),
+                            "): this loader records no trace; set DataLoaderOptions::trace_path "
+                            "or trace_events when you build it"));
+  }
+  state_->tracer->write(path);
 }
 
 DataLoader::Iterator::Iterator(std::shared_ptr<detail::EpochIterator> epoch)
@@ -296,14 +355,48 @@ Batch& DataLoader::Iterator::operator*() const {
 
 DataLoader::Iterator& DataLoader::Iterator::operator++() {
   FERRY_CHECK(epoch_ != nullptr, "DataLoader::Iterator: advanced a default-constructed iterator");
-  epoch_->current.reset();
-  epoch_->error = nullptr;
-  try {
-    epoch_->current = epoch_->next();
-  } catch (...) {
-    epoch_->error = std::current_exception();
-  }
+  advance(detail::Tracer::now_ns());
   return *this;
+}
+
+void DataLoader::Iterator::advance(std::uint64_t started_ns) {
+  detail::EpochIterator& e = *epoch_;
+  e.current.reset();
+  e.error = nullptr;
+  try {
+    e.current = e.next();
+  } catch (...) {
+    e.error = std::current_exception();
+  }
+  // How long the loop waited, for the stats and the trace.
+  const std::uint64_t now = detail::Tracer::now_ns();
+  if (e.tally) {
+    if (e.current || e.error) {
+      detail::StatsRecorder::delivered(e.tally->epoch(), started_ns, now,
+                                       e.current ? e.current->size() : 0);
+    } else {
+      e.tally->recorder().reached_end(e.tally->epoch(), started_ns, now);
+    }
+  }
+  if (!e.tracer) return;
+  if (e.current) {
+    e.tracer->wait(started_ns, now, e.current->epoch(),
+                   static_cast<std::int64_t>(e.current->sequence()));
+    e.tracer->batch_delivered(e.current->epoch(), e.current->sequence());
+  } else if (e.error) {
+    e.tracer->wait(started_ns, now, e.epoch_number, -1);
+    std::string what = "an exception not derived from std::exception";
+    try {
+      std::rethrow_exception(e.error);
+    } catch (const std::exception& x) {
+      what = x.what();
+    } catch (...) {
+    }
+    e.tracer->instant("error", std::move(what));
+  } else {
+    e.tracer->wait(started_ns, now, e.epoch_number, -1);
+    e.tracer->instant(detail::str("epoch ", e.epoch_number, " ends"));
+  }
 }
 
 bool DataLoader::Iterator::at_end() const noexcept {

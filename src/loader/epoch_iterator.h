@@ -1,9 +1,13 @@
 #pragma once
 
 #include <exception>
+#include <memory>
 #include <optional>
 
 #include "ferry/batch.h"
+
+#include "loader/loader_stats.h"
+#include "loader/trace.h"
 
 namespace ferry::detail {
 
@@ -20,6 +24,11 @@ class EpochIterator {
   // dereference, so the iterator stays usable and `++` goes on to the next batch).
   std::optional<Batch> current;
   std::exception_ptr error;
+
+  // Set by begin(): the epoch's figures (stats), the loader's trace (null: none), its number.
+  std::unique_ptr<EpochTally> tally;
+  std::shared_ptr<Tracer> tracer;
+  std::uint64_t epoch_number = 0;
 };
 
 }  // namespace ferry::detail

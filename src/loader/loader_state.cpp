@@ -44,6 +44,12 @@ EpochPlan plan_epoch(const LoaderState& state, std::uint64_t epoch) {
 void LoaderState::record_skipped(std::uint64_t epoch,
                                  const std::vector<workers::SkippedSample>& skipped) const {
   if (skipped.empty()) return;
+  if (tracer) {
+    for (const auto& s : skipped) {
+      tracer->instant("skipped",
+                      detail::str("index ", s.index, ": ", s.type_name, ": ", s.message));
+    }
+  }
   const std::lock_guard<std::mutex> lock(stats_mutex);
   this->skipped += skipped.size();
   const std::size_t keep = options.skipped_history;

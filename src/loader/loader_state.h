@@ -20,6 +20,8 @@
 #include "collate/buffer_pool.h"
 #include "device/device_stage.h"
 #include "ipc/unique_fd.h"
+#include "loader/loader_stats.h"
+#include "loader/trace.h"
 #include "workers/fetch.h"
 
 namespace ferry::detail {
@@ -79,6 +81,11 @@ struct LoaderState {
   void record_skipped(std::uint64_t epoch,
                       const std::vector<workers::SkippedSample>& skipped) const;
   mutable std::vector<WorkerRestart> restarts;  // under stats_mutex: every respawn so far
+  // Where the time goes, per epoch (always on); the trace (null: none); the workers' cores
+  // (DataLoaderOptions::worker_cpus resolved; empty: any).
+  std::shared_ptr<StatsRecorder> recorder;
+  std::shared_ptr<Tracer> tracer;
+  std::vector<int> worker_cpus;
   // on_worker_death=respawn, under use_mutex (the iterating thread): the deaths each sample's
   // loading caused (what each was), and the samples left out for it from then on, with the
   // record each of their batches reports them by.

@@ -401,11 +401,28 @@ void MultiProcessEpoch::send_task(WorkerSlot& w,
     w.recycled.clear();
     w.in_flight.push_back(TaskRecord{token_, epoch_, sequence,
                                      std::move(std::get<ipc::TaskMessage>(message).indices)});
+    if (state_->tracer) state_->tracer->batch_dispatched(epoch_, sequence, w.id);
   } catch (...) {
     // The sequence number is taken: an epoch that went on would wait for it forever.
     fail(std::current_exception());
   }
   post(w, std::move(bytes));
+}
+
+void MultiProcessEpoch::account(const WorkerSlot& w, const ipc::BatchReadyMessage& m) {
+  // Stats: the worker's time on the batch; the trace: its spans.
+  if (tally) tally->recorder().worker_batch(tally->epoch(), w.id, m.timing, m.indices.size());
+  if (!state_->tracer) return;
+  Tracer& trace = *state_->tracer;
+  for (const ipc::SpanRecord& span : m.spans) {
+    if (span.index == ipc::kCollateSpan) {
+      trace.worker_collate(w.id, span.start_ns, span.end_ns, m.epoch, m.sequence, m.indices.size());
+    } else if (span.index == ipc::kLoadSpan) {
+      trace.worker_load(w.id, span.start_ns, span.end_ns, m.epoch, m.sequence);
+    } else {
+      trace.worker_sample(w.id, span.start_ns, span.end_ns, m.epoch, m.sequence, span.index);
+    }
+  }
 }
 
 void MultiProcessEpoch::post(WorkerSlot& w, std::vector<std::byte> bytes) {
@@ -526,6 +543,7 @@ void MultiProcessEpoch::handle_message(WorkerSlot& w,
   if (auto* m = std::get_if<ipc::BatchReadyMessage>(&message)) {
     sequence = m->sequence;
     const bool current = complete(m->epoch, m->sequence);
+    account(w, *m);
     if (m->segment_id == ipc::kNoSegment) {  // every sample was skipped: nothing to map
       for (const auto id : m->retired_segments) w.segments.erase(id);
       if (!current) return;
@@ -558,7 +576,8 @@ void MultiProcessEpoch::handle_message(WorkerSlot& w,
                                 "; the message is corrupt: a bug in ferry or memory corruption"))));
         }
         mapping = std::make_shared<MappedSegment>(
-            ipc::MappedRegion::map_shared(fds.front().get(), size, true));
+            ipc::MappedRegion::map_shared(fds.front().get(), size, true),
+            state_->recorder->memory());
         w.segments[m->segment_id] = mapping;
       } else {
         mapping = segment->second;
@@ -787,6 +806,7 @@ void MultiProcessEpoch::respawn(WorkerSlot& w, WorkerRestart record) {
                "epoch) to load its %zu unfinished batches again\n",
                record.message.c_str(), restarts_ + 1, state_->options.max_worker_restarts,
                tasks.size());
+  if (state_->tracer) state_->tracer->instant("worker restart", record.message);
   {
     const std::lock_guard<std::mutex> lock(state_->stats_mutex);
     state_->restarts.push_back(std::move(record));

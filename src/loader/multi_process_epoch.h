@@ -61,6 +61,8 @@ class MultiProcessEpoch final : public EpochIterator {
   void send_task(WorkerSlot& w, std::uint64_t sequence, std::vector<std::int64_t> indices);
   // Queues a message to worker `w` without blocking; a worker found gone is reported.
   void post(WorkerSlot& w, std::vector<std::byte> bytes);
+  // A batch's report: the worker's time (stats) and spans (trace).
+  void account(const WorkerSlot& w, const ipc::BatchReadyMessage& m);
   // Waits for messages until `deadline`; true if it passed with none.
   bool wait_and_receive(std::optional<ipc::Clock::time_point> deadline);
   // The worker and task the loop waits for (in order: the next batch), or nulls.

@@ -129,6 +129,8 @@ WorkerSlot WorkerPool::launch(std::size_t id) {
   spec.sample_timeout = o.sample_timeout;
   spec.worker_threads = o.worker_threads;
   spec.skip_errors = o.on_error == OnError::kSkip;
+  spec.trace = state_.tracer != nullptr;
+  spec.cpus = state_.worker_cpus;
   spec.status = status.page();  // a fork worker's (inherited mapping); a fresh one maps its own
   pid_t pid = -1;
   try {

@@ -36,10 +36,20 @@ struct RecycleQueue {
 // A worker's segment as this process maps it: the mapping, and once the segment has come back
 // for reuse (with pin_memory or a CUDA device), its page-lock, undone before the unmap.
 struct MappedSegment {
-  explicit MappedSegment(ipc::MappedRegion mapped)
-      : region(std::move(mapped)), page_lock(region.data(), region.size()) {}
+  MappedSegment(ipc::MappedRegion mapped, std::shared_ptr<MemoryGauge> memory)
+      : region(std::move(mapped)),
+        page_lock(region.data(), region.size()),
+        gauge(std::move(memory)) {
+    if (gauge) gauge->add(region.size());
+  }
+  ~MappedSegment() {
+    if (gauge) gauge->sub(region.size());
+  }
+  MappedSegment(const MappedSegment&) = delete;
+  MappedSegment& operator=(const MappedSegment&) = delete;
   ipc::MappedRegion region;
-  device::LockableRange page_lock;  // declared after `region`: destroyed (unlocked) first
+  device::LockableRange page_lock;     // declared after `region`: destroyed (unlocked) first
+  std::shared_ptr<MemoryGauge> gauge;  // the loader's count of mapped segment bytes (stats)
 };
 
 struct TaskRecord {

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
 
@@ -132,6 +133,44 @@ TEST_F(Cli, RunOnTheDemoSummarisesAndDumpsEverySampleOncePerEpoch) {
       EXPECT_EQ(seen[e][i], 1) << "epoch " << e << " index " << i;
   }
   EXPECT_NE(orders[0], orders[1]) << "shuffle: a new order each epoch";
+}
+
+TEST_F(Cli, RunSaysWhereTheTimeWentWritesATraceAndMeasuresHeadspace) {
+  const fs::path json = dir_ / "summary.json";
+  const fs::path trace = dir_ / "trace.json";
+  const Result r = run_ferry("run " + config("demo.yaml") +
+                             " --epochs 2 --set loader.batch_size=4 --headspace --headspace-batches 2"
+                             " --step-ms 1 --json " +
+                             json.string() + " --trace " + trace.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("the loop waited for batches"), HasSubstr("p99"),
+                           HasSubstr("workers: loading"), HasSubstr("shared memory peak"),
+                           HasSubstr("headspace: the loop ran"), HasSubstr("trace: ")));
+  const nlohmann::json summary = nlohmann::json::parse(slurp(json));
+  const auto& stats = summary.at("stats");
+  EXPECT_EQ(stats.at("total").at("batches"), 12);
+  EXPECT_EQ(stats.at("total").at("samples"), 48);
+  ASSERT_EQ(stats.at("epochs").size(), 2u);
+  ASSERT_EQ(stats.at("total").at("workers").size(), 2u);
+  std::size_t samples = 0;
+  for (const auto& w : stats.at("total").at("workers"))
+    samples += w.at("samples").get<std::size_t>();
+  EXPECT_EQ(samples, 48u);
+  EXPECT_GT(stats.at("total").at("wait").at("total_s").get<double>(), 0.0);
+  const auto& headspace = summary.at("headspace");
+  EXPECT_EQ(headspace.at("batches_held"), 2);
+  EXPECT_GE(headspace.at("replayed").get<std::size_t>(), 12u);
+  EXPECT_GT(headspace.at("memory_batches_per_second").get<double>(), 0.0);
+  // The replay runs the same 1 ms step: from memory the loop can go at most 1000 batches/s.
+  EXPECT_LT(headspace.at("memory_batches_per_second").get<double>(), 1000.0);
+  // The trace went out as the loader went; its checker accepts it.
+  ASSERT_TRUE(fs::exists(trace));
+  const Result check = ferry::test::run_command(
+      "/usr/bin/python3 " + (fs::path(FERRY_SOURCE_DIR) / "tests/tools/check_trace.py").string() +
+      " " + trace.string() + " --expect-tids 0,1,2");
+  EXPECT_EQ(check.code, 0) << check.out << check.err;
+  EXPECT_EQ(run_ferry("run " + config("demo.yaml") + " --trace-events 10").code, 2)
+      << "--trace-events without --trace";
 }
 
 TEST_F(Cli, MaxBatchesAndSetsChangeTheRun) {

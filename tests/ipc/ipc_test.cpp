@@ -101,7 +101,7 @@ TEST(Protocol, ForeignBytesAndOtherVersionsAreRefused) {
   bytes[4] = std::byte{99};  // the version field
   EXPECT_THAT([&] { decode_index(bytes); }, ThrowsMessage<Error>(HasSubstr("out of step")));
   // A count that claims more than the message holds.
-  auto task = encode(IndexMessage(TaskMessage{0, 0, {1}, {}, 0, false, {}}));
+  auto task = encode(IndexMessage(TaskMessage{0, 0, {1}, {}, 0, false, {}, {}}));
   const std::uint32_t huge = 1u << 27;
   std::memcpy(task.data() + 8 + 16, &huge, 4);
   EXPECT_THAT([&] { decode_index(task); }, ThrowsMessage<Error>(HasSubstr("cut short")));

@@ -2,8 +2,12 @@
 
 // Small datasets the loader tests share.
 
+#include <sched.h>
+
+#include <chrono>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 #include "ferry/dataset.h"
 
@@ -24,6 +28,28 @@ class RangeDataset : public Dataset {
 
  private:
   std::size_t n_;
+};
+
+// Sample i: {"index": i, "cpus": the cores the loading process may run on, as a bit mask of
+// the first 63}; each get() sleeps `micros` first.
+class AffinityDataset : public Dataset {
+ public:
+  AffinityDataset(std::size_t n, int micros) : n_(n), micros_(micros) {}
+  std::size_t size() const override { return n_; }
+  Example get(std::size_t index, SampleContext&) const override {
+    if (micros_ > 0) std::this_thread::sleep_for(std::chrono::microseconds(micros_));
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    std::int64_t mask = 0;
+    if (::sched_getaffinity(0, sizeof set, &set) == 0) {
+      for (int c = 0; c < 63; ++c) mask |= CPU_ISSET(c, &set) ? (std::int64_t{1} << c) : 0;
+    }
+    return Example{{"index", static_cast<std::int64_t>(index)}, {"cpus", mask}};
+  }
+
+ private:
+  std::size_t n_;
+  int micros_;
 };
 
 // Throws for every index in [bad_from, bad_to).

@@ -65,6 +65,12 @@ void register_test_types(Registry& r) {
   r.add_dataset({.name = "test.range", .keys = {n}}, [](const Args& a) {
     return std::make_shared<RangeDataset>(a.get<std::size_t>("n"));
   });
+  r.add_dataset({.name = "test.affinity",
+                 .keys = {n, {.name = "micros", .type = ValueType::kInt, .default_value = 0}}},
+                [](const Args& a) {
+                  return std::make_shared<AffinityDataset>(
+                      a.get<std::size_t>("n"), static_cast<int>(a.get<std::int64_t>("micros")));
+                });
   r.add_dataset({.name = "test.failing",
                  .keys = {n,
                           {.name = "bad_from", .type = ValueType::kInt, .required = true},
@@ -174,6 +180,11 @@ void register_test_types(Registry& r) {
 
 std::shared_ptr<Dataset> range(std::size_t n) {
   return Registry::global().make_dataset(Config::map({{"type", "test.range"}, {"n", n}}));
+}
+
+std::shared_ptr<Dataset> affinity(std::size_t n, int micros) {
+  return Registry::global().make_dataset(
+      Config::map({{"type", "test.affinity"}, {"n", n}, {"micros", micros}}));
 }
 
 std::shared_ptr<Dataset> failing(std::size_t n, std::size_t bad_from, std::size_t bad_to) {

@@ -53,11 +53,12 @@ class FaultyDataset : public LedgerDataset {
   Fault fault_;
 };
 
-// Registers test.range, test.failing, test.counting, test.ledger, test.faulty, test.slow_start,
-// test.broken, test.drift, the transform test.shift and the collate test.sum_x.
+// Registers test.range, test.affinity, test.failing, test.counting, test.ledger, test.faulty,
+// test.slow_start, test.broken, test.drift, the transform test.shift and the collate test.sum_x.
 void register_test_types(Registry& registry);
 
 std::shared_ptr<Dataset> range(std::size_t n);
+std::shared_ptr<Dataset> affinity(std::size_t n, int micros = 0);
 std::shared_ptr<Dataset> failing(std::size_t n, std::size_t bad_from, std::size_t bad_to);
 std::shared_ptr<IterableDataset> counting(std::size_t n,
                                           bool known_size = true,
