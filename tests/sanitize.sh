@@ -29,7 +29,7 @@ case "$kind" in
     export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:die_after_fork=0}
     # The forkserver refuses to fork from a process with more than one thread, and
     # ThreadSanitizer starts a thread of its own in every process: those tests cannot pass here.
-    exclude=(-E forkserver)
+    exclude=(-E "[Ff]orkserver")
     export FERRY_CHAOS_NO_FORKSERVER=1
     echo "tests/sanitize.sh: forkserver tests left out (ThreadSanitizer's own thread makes every" \
       "process multi-threaded, which the forkserver refuses by design)"

@@ -627,8 +627,10 @@ TEST_P(Shutdown, DestroyingTheLoaderWakesAThreadBlockedInNext) {  // row 11
                                          DataLoaderOptions{.batch_size = 2, .num_workers = 1});
         std::atomic<bool> closed_seen{false};
         Clock::time_point woke;
-        std::thread consumer([&] {
-          auto it = loader->begin();  // batch 0 never comes: blocks in next()
+        // The thread gets the loader itself, not the unique_ptr that this thread resets.
+        DataLoader* const shared = loader.get();
+        std::thread consumer([&closed_seen, &woke, shared] {
+          auto it = shared->begin();  // batch 0 never comes: blocks in next()
           woke = Clock::now();
           try {
             (void)*it;
