@@ -110,6 +110,9 @@ std::string str(Args&&... args) {
 
 // "a, b, c" (for messages that list names).
 std::string join(const std::vector<std::string>& items, std::string_view separator = ", ");
+// Appends `text` as a JSON string literal: quoted, with quotes, backslashes and control
+// characters escaped.
+void append_quoted(std::string& out, std::string_view text);
 
 [[noreturn]] void assert_fail(const char* condition,
                               const char* file,

@@ -23,45 +23,13 @@ const char* kind_name(Config::Kind kind) {
   return "?";
 }
 
-void append_quoted(std::string& out, std::string_view s) {
-  out += '"';
-  for (const char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(c));
-          out += buf;
-        } else {
-          out += c;
-        }
-    }
-  }
-  out += '"';
-}
-
 void write(std::string& out, const Config& c) {
   switch (c.kind()) {
     case Config::Kind::kNull:
       out += "null";
       return;
     case Config::Kind::kScalar:
-      append_quoted(out, c.scalar());
+      detail::append_quoted(out, c.scalar());
       return;
     case Config::Kind::kList: {
       out += '[';
@@ -80,7 +48,7 @@ void write(std::string& out, const Config& c) {
       for (const auto& [key, value] : c.entries()) {
         if (!first) out += ',';
         first = false;
-        append_quoted(out, key);
+        detail::append_quoted(out, key);
         out += ':';
         write(out, value);
       }

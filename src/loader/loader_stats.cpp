@@ -39,6 +39,17 @@ void add_worker(std::vector<WorkerTimeStats>& into, const WorkerTimeStats& w) {
   t.cpu += w.cpu;
 }
 
+// An epoch's sums into a total (the quantiles come from the merged histograms).
+void add_epoch(EpochStats& into, const EpochStats& s) {
+  into.batches += s.batches;
+  into.samples += s.samples;
+  into.seconds += s.seconds;
+  into.wait.count += s.wait.count;
+  into.wait.total += s.wait.total;
+  into.shared_memory_peak = std::max(into.shared_memory_peak, s.shared_memory_peak);
+  for (const WorkerTimeStats& w : s.workers) add_worker(into.workers, w);
+}
+
 double online_cpus() {
   const long n = ::sysconf(_SC_NPROCESSORS_ONLN);
   return n > 0 ? static_cast<double>(n) : 1.0;
@@ -157,14 +168,7 @@ std::shared_ptr<StatsRecorder::Epoch> StatsRecorder::open(std::uint64_t epoch) {
   epochs_.push_back(e);
   while (epochs_.size() > history_) {
     const Epoch& old = *epochs_.front();
-    const EpochStats gone = snapshot(old);
-    past_.batches += gone.batches;
-    past_.samples += gone.samples;
-    past_.seconds += gone.seconds;
-    past_.wait.count += gone.wait.count;
-    past_.wait.total += gone.wait.total;
-    past_.shared_memory_peak = std::max(past_.shared_memory_peak, gone.shared_memory_peak);
-    for (const WorkerTimeStats& w : gone.workers) add_worker(past_.workers, w);
+    add_epoch(past_, snapshot(old));
     past_waits_->merge(old.waits);
     epochs_.pop_front();
   }
@@ -284,13 +288,7 @@ void StatsRecorder::fill(LoaderStats& out) const {
   for (const auto& e : epochs_) {
     EpochStats s = snapshot(*e);
     waits.merge(e->waits);
-    total.batches += s.batches;
-    total.samples += s.samples;
-    total.seconds += s.seconds;
-    total.wait.count += s.wait.count;
-    total.wait.total += s.wait.total;
-    total.shared_memory_peak = std::max(total.shared_memory_peak, s.shared_memory_peak);
-    for (const WorkerTimeStats& w : s.workers) add_worker(total.workers, w);
+    add_epoch(total, s);
     total.epoch = s.epoch;
     total.finished = s.finished;
     out.epochs.push_back(std::move(s));

@@ -6,44 +6,12 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "ferry/error.h"
 #include "ferry/version.h"
 
 #include "ipc/files.h"
 
 namespace ferry::detail {
-
-namespace {
-
-void append_escaped(std::string& out, const std::string& text) {
-  out += '"';
-  for (const char c : text) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char code[8];
-          std::snprintf(code, sizeof code, "\\u%04x", static_cast<unsigned>(c));
-          out += code;
-        } else {
-          out += c;
-        }
-    }
-  }
-  out += '"';
-}
-
-}  // namespace
 
 Tracer::Tracer(std::size_t capacity, std::size_t num_workers)
     : capacity_(std::max<std::size_t>(1, capacity)),
@@ -264,13 +232,13 @@ std::string Tracer::json() const {
         break;
       case Kind::kInstant:
         out += ",\n{\"ph\":\"i\",\"s\":\"g\",\"name\":";
-        append_escaped(out, e.name);
+        append_quoted(out, e.name);
         std::snprintf(line, sizeof line, ",\"cat\":\"loader\",\"pid\":%d,\"tid\":0,\"ts\":%.3f",
                       pid_, ts);
         out += line;
         if (!e.message.empty()) {
           out += ",\"args\":{\"message\":";
-          append_escaped(out, e.message);
+          append_quoted(out, e.message);
           out += "}";
         }
         out += "}";

@@ -138,10 +138,11 @@ TEST_F(Cli, RunOnTheDemoSummarisesAndDumpsEverySampleOncePerEpoch) {
 TEST_F(Cli, RunSaysWhereTheTimeWentWritesATraceAndMeasuresHeadspace) {
   const fs::path json = dir_ / "summary.json";
   const fs::path trace = dir_ / "trace.json";
-  const Result r = run_ferry("run " + config("demo.yaml") +
-                             " --epochs 2 --set loader.batch_size=4 --headspace --headspace-batches 2"
-                             " --step-ms 1 --json " +
-                             json.string() + " --trace " + trace.string());
+  const Result r =
+      run_ferry("run " + config("demo.yaml") +
+                " --epochs 2 --set loader.batch_size=4 --headspace --headspace-batches 2"
+                " --step-ms 1 --json " +
+                json.string() + " --trace " + trace.string());
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_THAT(r.out, AllOf(HasSubstr("the loop waited for batches"), HasSubstr("p99"),
                            HasSubstr("workers: loading"), HasSubstr("shared memory peak"),
