@@ -5,7 +5,6 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/eventfd.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -41,36 +40,7 @@ OutputRelay::OutputRelay(Options options)
   // across fork, but a sanitizer's allocator is not.
   std::promise<void> started;
   std::future<void> ready = started.get_future();
-  stack_bytes_ = 4 << 20;  // virtual; a sanitizer keeps its thread data there too
-  stack_ = ::mmap(nullptr, stack_bytes_, PROT_READ | PROT_WRITE,
-                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
-  if (stack_ == MAP_FAILED) {
-    stack_ = nullptr;
-    throw std::system_error(errno, std::generic_category(), "mmap of the output relay's stack");
-  }
-  (void)::mprotect(stack_, 4096, PROT_NONE);  // a guard page below it
-  pthread_attr_t attr;
-  ::pthread_attr_init(&attr);
-  ::pthread_attr_setstack(&attr, stack_, stack_bytes_);
-  struct Start {
-    OutputRelay* self;
-    std::promise<void>* started;
-  } start{this, &started};
-  const int rc = ::pthread_create(
-      &thread_, &attr,
-      [](void* arg) -> void* {
-        const Start s = *static_cast<Start*>(arg);
-        s.self->run(*s.started);
-        return nullptr;
-      },
-      &start);
-  ::pthread_attr_destroy(&attr);
-  if (rc != 0) {
-    ::munmap(stack_, stack_bytes_);
-    stack_ = nullptr;
-    throw std::system_error(rc, std::generic_category(), "pthread_create for the output relay");
-  }
-  joinable_ = true;
+  thread_ = std::thread([this, &started] { run(started); });
   ready.wait();
 }
 
@@ -80,8 +50,7 @@ OutputRelay::~OutputRelay() {
     stopping_ = true;
   }
   post_eventfd(control_.get());
-  if (joinable_) ::pthread_join(thread_, nullptr);
-  if (stack_ != nullptr) ::munmap(stack_, stack_bytes_);
+  if (thread_.joinable()) thread_.join();
   for (auto& [key, source] : sources_) {
     if (!source.ended) close_source(source);
   }

@@ -4,8 +4,6 @@
 // stderr), as it comes, and keeps each pipe's last lines, so that an error about a process that
 // died can quote what it said last. One thread serves every pipe.
 
-#include <pthread.h>
-
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -14,6 +12,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ipc/unique_fd.h"
@@ -80,13 +79,7 @@ class OutputRelay {
   std::map<std::uint64_t, Source> sources_;
   std::uint64_t next_key_ = 1;
   bool stopping_ = false;
-  // The thread runs on a stack of its own, not one from glibc's cache: a child forked from this
-  // process gets the cached stacks of threads it does not have back for its own new threads,
-  // which ThreadSanitizer takes for one thread started twice.
-  void* stack_ = nullptr;
-  std::size_t stack_bytes_ = 0;
-  pthread_t thread_{};
-  bool joinable_ = false;
+  std::thread thread_;
 };
 
 }  // namespace ferry::ipc
