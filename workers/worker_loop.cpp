@@ -26,6 +26,7 @@
 #include "ferry/error.h"
 
 #include "collate/batch_layout.h"
+#include "core/timing_stride.h"
 #include "ipc/child_process.h"
 #include "ipc/protocol.h"
 #include "workers/fetch.h"
@@ -282,8 +283,10 @@ class Worker {
       }
       if (auto* task = std::get_if<ipc::TaskMessage>(&message)) {
         timing_ = {};
-        timing_.start_ns = now_ns();
-        timing_.waiting_ns = timing_.start_ns - std::min(timing_.start_ns, last_sent_ns_);
+        if (timed_) {
+          timing_.start_ns = now_ns();
+          timing_.waiting_ns = timing_.start_ns - std::min(timing_.start_ns, last_sent_ns_);
+        }
         spans_.clear();
         for (const auto id : task->recycled) pool_.release(id);
         handle(*task);
@@ -348,19 +351,19 @@ class Worker {
         const std::vector<std::int64_t> indices = indices_to_load(task, skipped);
         // With the default collate, the batch will most likely be laid out as the previous one
         // was: take its segment now, so that samples can build their tensors in place.
-        // Four clock reads a batch in all (about 20 ns each): each step starts where the last
-        // ended.
+        // Four clock reads a timed batch in all (about 20 ns each): each step starts where the
+        // last ended. A batch not timed reads none (clock()).
         std::uint64_t t0 = timing_.start_ns;
         if (!spec_.collate_fn && last_layout_ && !indices.empty()) {
           expected.expect(collate::resize_layout(*last_layout_, indices.size()));
-          const std::uint64_t taken = now_ns();
+          const std::uint64_t taken = clock();
           timing_.segment_ns += taken - t0;
           t0 = taken;
         }
         fetch_options_.outputs = expected.outputs();
         FetchedBatch fetched = fetch_batch(*spec_.dataset, dataset_size_, indices, task.epoch, who_,
                                            fetch_options_, &failing_index);
-        const std::uint64_t t1 = now_ns();
+        const std::uint64_t t1 = clock();
         timing_.loading_ns = t1 - t0;
         collate_start_ns_ = t1;
         // Samples loaded in parallel are not timed one by one: one span for them all.
@@ -385,7 +388,7 @@ class Worker {
       } else {
         const std::uint64_t t0 = timing_.start_ns;
         const bool more = read_stream(task, samples);
-        const std::uint64_t t1 = now_ns();
+        const std::uint64_t t1 = clock();
         timing_.loading_ns = t1 - t0;
         collate_start_ns_ = t1;
         if (!more) return;
@@ -463,9 +466,9 @@ class Worker {
     if (expected.can_write(samples, layout)) {
       taken = expected.take();  // taken (and timed) before loading
     } else {
-      const std::uint64_t segment_start = now_ns();
+      const std::uint64_t segment_start = clock();
       taken = pool_.acquire(layout.total_bytes);
-      const std::uint64_t segment_ns = now_ns() - segment_start;
+      const std::uint64_t segment_ns = clock() - segment_start;
       timing_.segment_ns += segment_ns;
       collate_start_ns_ += segment_ns;  // the collation's time and span leave it out
     }
@@ -506,7 +509,7 @@ class Worker {
       ready.fields.push_back(std::move(meta));
     }
     ready.retired_segments = pool_.take_retired();
-    const std::uint64_t collated = now_ns();
+    const std::uint64_t collated = clock();
     timing_.collating_ns = collated - std::min(collated, collate_start_ns_);
     if (spec_.trace) spans_.push_back({ipc::kCollateSpan, collate_start_ns_, collated});
     stamp(ready, collated);
@@ -519,19 +522,35 @@ class Worker {
   // at `now` (the batch's last clock read; 0: read it). The process's CPU time is a system call
   // (hundreds of ns): it is read every 10 ms at most, and the batch that reads it reports what
   // the process used since the last read.
+  //
+  // Batches faster than TimingStride::kFastNs are timed one in a stride: the timed one (from the
+  // previous batch's send to its own) reports its figures times the batches it stands for, the
+  // others report none. A trace times every batch.
   void stamp(ipc::BatchReadyMessage& ready, std::uint64_t now = 0) {
-    if (now == 0) now = now_ns();
-    if (last_cpu_ns_ == 0 || now - std::min(now, last_cpu_read_ns_) >= 10'000'000) {
-      const std::uint64_t cpu = clock_ns(CLOCK_PROCESS_CPUTIME_ID);
-      timing_.cpu_ns = cpu - std::min(cpu, last_cpu_ns_);
-      last_cpu_ns_ = cpu;
-      last_cpu_read_ns_ = now;
+    if (timed_) {
+      if (now == 0) now = now_ns();
+      const std::uint32_t weight = stride_.timed(last_sent_ns_, now);
+      timing_.waiting_ns *= weight;
+      timing_.loading_ns *= weight;
+      timing_.collating_ns *= weight;
+      timing_.segment_ns *= weight;
+      if (last_cpu_ns_ == 0 || now - std::min(now, last_cpu_read_ns_) >= 10'000'000) {
+        const std::uint64_t cpu = clock_ns(CLOCK_PROCESS_CPUTIME_ID);
+        timing_.cpu_ns = cpu - std::min(cpu, last_cpu_ns_);
+        last_cpu_ns_ = cpu;
+        last_cpu_read_ns_ = now;
+      }
     }
     ready.timing = timing_;
     ready.spans = std::move(spans_);
     spans_.clear();
-    last_sent_ns_ = now;
+    // Whether the next batch is timed; if so, its wait for work starts now.
+    timed_ = spec_.trace || stride_.due();
+    if (timed_) last_sent_ns_ = now != 0 ? now : now_ns();
   }
+
+  // The time now when this batch is timed, else 0 (no clock read).
+  std::uint64_t clock() const { return timed_ ? now_ns() : 0; }
 
   static std::vector<std::string> strings_of(const std::vector<Example>& samples,
                                              const std::string& name) {
@@ -588,6 +607,8 @@ class Worker {
   std::uint64_t span_start_ = 0;
   std::uint64_t collate_start_ns_ = 0;
   std::uint64_t last_sent_ns_ = 0;
+  bool timed_ = true;  // the batch in hand is timed (TimingStride)
+  detail::TimingStride stride_;
   std::uint64_t last_cpu_ns_ = 0;
   std::uint64_t last_cpu_read_ns_ = 0;
   std::size_t dataset_size_ = spec_.dataset ? spec_.dataset->size() : 0;

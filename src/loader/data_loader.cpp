@@ -355,7 +355,11 @@ Batch& DataLoader::Iterator::operator*() const {
 
 DataLoader::Iterator& DataLoader::Iterator::operator++() {
   FERRY_CHECK(epoch_ != nullptr, "DataLoader::Iterator: advanced a default-constructed iterator");
-  advance(detail::Tracer::now_ns());
+  // A trace shows every wait; the stats time one batch in a stride when batches come too fast
+  // for a clock read each (TimingStride).
+  const detail::EpochIterator& e = *epoch_;
+  const bool timed = e.tracer || !e.tally || e.tally->stride().due();
+  advance(timed ? detail::Tracer::now_ns() : 0);
   return *this;
 }
 
@@ -368,12 +372,20 @@ void DataLoader::Iterator::advance(std::uint64_t started_ns) {
   } catch (...) {
     e.error = std::current_exception();
   }
+  if (started_ns == 0) {  // a wait not timed (operator++): counted only
+    if (e.current || e.error) {
+      detail::StatsRecorder::counted(e.tally->epoch(), e.current ? e.current->size() : 0);
+      return;
+    }
+    started_ns = detail::Tracer::now_ns();  // the end: the epoch's clock stops now
+  }
   // How long the loop waited, for the stats and the trace.
   const std::uint64_t now = detail::Tracer::now_ns();
   if (e.tally) {
     if (e.current || e.error) {
       detail::StatsRecorder::delivered(e.tally->epoch(), started_ns, now,
-                                       e.current ? e.current->size() : 0);
+                                       e.current ? e.current->size() : 0,
+                                       e.tally->stride().timed(started_ns, now));
     } else {
       e.tally->recorder().reached_end(e.tally->epoch(), started_ns, now);
     }

@@ -82,9 +82,9 @@ double LatencyHistogram::midpoint(std::size_t b) noexcept {
   return (kSub + sub) * width + width / 2;
 }
 
-void LatencyHistogram::record(std::uint64_t ns) noexcept {
-  counts_[bucket(ns)].add(1);
-  count_.add(1);
+void LatencyHistogram::record(std::uint64_t ns, std::uint64_t weight) noexcept {
+  counts_[bucket(ns)].add(weight);
+  count_.add(weight);
   if (ns > max_.get()) max_.set(ns);
 }
 
@@ -183,13 +183,19 @@ void StatsRecorder::forget(const std::shared_ptr<Epoch>& epoch) {
 void StatsRecorder::delivered(Epoch& epoch,
                               std::uint64_t start_ns,
                               std::uint64_t now_ns,
-                              std::size_t samples) noexcept {
+                              std::size_t samples,
+                              std::uint32_t weight) noexcept {
   const std::uint64_t waited = now_ns - std::min(now_ns, start_ns);
   epoch.last_ns.set(now_ns);
   epoch.batches.add(1);
   epoch.samples.add(samples);
-  epoch.wait_total_ns.add(waited);
-  epoch.waits.record(waited);
+  epoch.wait_total_ns.add(waited * weight);
+  epoch.waits.record(waited, weight);
+}
+
+void StatsRecorder::counted(Epoch& epoch, std::size_t samples) noexcept {
+  epoch.batches.add(1);
+  epoch.samples.add(samples);
 }
 
 void StatsRecorder::reached_end(Epoch& epoch, std::uint64_t start_ns, std::uint64_t now_ns) {

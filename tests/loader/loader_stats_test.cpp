@@ -1,6 +1,7 @@
 // The parts of the loader's stats, trace and CPU placement that need no worker: the latency
-// histogram's quantiles, the trace's ring, the worker_cpus grammar and the training thread's
-// cores, the noisy-neighbour rule, and the stats of a loader without workers.
+// histogram's quantiles, which fast events are timed (TimingStride), the trace's ring, the
+// worker_cpus grammar and the training thread's cores, the noisy-neighbour rule, and the stats of a
+// loader without workers.
 
 #include "loader/loader_stats.h"
 
@@ -152,6 +153,93 @@ TEST(LoaderStatsInProcess, WithoutWorkersTheWaitIsTheLoading) {
   EXPECT_NEAR(e.wait.total, e.seconds, 0.01 + 0.05 * e.seconds);
   EXPECT_NEAR(e.seconds, wall, 0.01 + 0.05 * wall);
   EXPECT_EQ(s.total.batches, 10u);
+}
+
+TEST(TimingStride, TimesEveryEventWhileEventsAreSlow) {
+  TimingStride stride;
+  std::uint64_t t = 1'000'000;
+  for (int i = 0; i < 100; ++i) {
+    ASSERT_TRUE(stride.due()) << i;
+    // 15 us an event: slower than kFastNs, so each is timed and stands for itself alone.
+    EXPECT_EQ(stride.timed(t, t + 15'000), 1u) << i;
+    t += 15'000;
+  }
+  EXPECT_EQ(stride.stride(), 1u);
+}
+
+TEST(TimingStride, FastEventsAreTimedOneInAStrideThatStandsForAllOfThemUntilOneIsSlow) {
+  TimingStride stride;
+  std::uint64_t t = 1'000'000;
+  std::uint64_t events = 0, represented = 0, timed = 0;
+  // 1 us events back to back: the stride doubles up to its bound.
+  for (int i = 0; i < 10'000; ++i) {
+    const bool due = stride.due();
+    ++events;
+    if (due) {
+      represented += stride.timed(t, t + 1'000);
+      ++timed;
+    }
+    t += 1'000;
+  }
+  EXPECT_EQ(stride.stride(), TimingStride::kMaxStride);
+  EXPECT_LT(timed, events / 50) << "most fast events are not timed";
+  // What the timed events stand for is every event up to the last timed one.
+  EXPECT_LE(represented, events);
+  EXPECT_GT(represented + TimingStride::kMaxStride, events);
+
+  // One slow event among the timed ones: back to timing every event.
+  while (!stride.due()) t += 1'000;
+  EXPECT_EQ(stride.timed(t, t + 50'000), TimingStride::kMaxStride);
+  t += 50'000;
+  EXPECT_EQ(stride.stride(), 1u);
+  EXPECT_TRUE(stride.due());
+}
+
+TEST(TimingStride, AStretchOfSlowUntimedEventsGoesBackToTimingEveryOne) {
+  TimingStride stride;
+  std::uint64_t t = 1'000'000;
+  while (stride.stride() < 16) {  // fast events until the stride is 16
+    if (stride.due()) (void)stride.timed(t, t + 500);
+    t += 1'000;
+  }
+  // The next 15 events go untimed and take 20 us each; the timed one after them is fast, but the
+  // stretch since the previous timed one says the events were slow on average.
+  std::uint32_t untimed = 0;
+  while (!stride.due()) {
+    t += 20'000;
+    ++untimed;
+  }
+  EXPECT_EQ(untimed, 15u);
+  EXPECT_EQ(stride.timed(t, t + 500), 16u);
+  EXPECT_EQ(stride.stride(), 1u);
+}
+
+class Instant : public Dataset {
+ public:
+  std::size_t size() const override { return 50'000; }
+  Example get(std::size_t index, SampleContext&) const override {
+    return Example{{"index", static_cast<std::int64_t>(index)}};
+  }
+};
+
+TEST(LoaderStatsInProcess, BatchesFasterThanAClockReadAreAllCountedAndTheirWaitsEstimated) {
+  // Batches of one tiny sample come faster than kFastNs: the loop times one in a stride.
+  DataLoader loader(std::make_shared<Instant>(), {.batch_size = 1});
+  std::size_t batches = 0;
+  for (auto& batch : loader) {
+    ASSERT_EQ(batch["index"].item<std::int64_t>(), static_cast<std::int64_t>(batches));
+    ++batches;
+  }
+  const EpochStats e = loader.stats().epochs.at(0);
+  EXPECT_EQ(e.batches, 50'000u);
+  EXPECT_EQ(e.samples, 50'000u);
+  // The timed waits stand for every batch but, at most, the last stride's.
+  EXPECT_LE(e.wait.count, 50'000u);
+  EXPECT_GT(e.wait.count + TimingStride::kMaxStride, 50'000u);
+  EXPECT_GT(e.wait.total, 0.0);
+  EXPECT_LE(e.wait.total, e.seconds * 1.05 + 0.001);
+  EXPECT_LE(e.wait.p50, e.wait.p99);
+  EXPECT_LE(e.wait.p99, e.wait.max * 1.0001);
 }
 
 }  // namespace

@@ -121,6 +121,36 @@ TEST(LoaderStats, AnEpochLeftEarlyStopsItsClockAtItsLastBatch) {
   EXPECT_LT(stats.epochs[0].seconds, 0.2) << "the time after the break is not the epoch's";
 }
 
+TEST(LoaderStats, BatchesTooFastToTimeEachAreAllCountedAndTheWorkersSplitStillAddsUp) {
+  // Batches of one tiny sample: a worker makes one in a few microseconds, faster than
+  // TimingStride::kFastNs, so the worker and the loop time one in a stride and scale it.
+  constexpr std::size_t kSize = 20'000;
+  DataLoader loader(testing::range(kSize), {.batch_size = 1, .num_workers = 1});
+  std::size_t batches = 0;
+  for (auto& batch : loader) {
+    ASSERT_EQ(batch.size(), 1u);
+    ++batches;
+  }
+  ASSERT_EQ(batches, kSize);
+  const EpochStats e = loader.stats().epochs.at(0);
+  EXPECT_EQ(e.batches, kSize);
+  EXPECT_EQ(e.samples, kSize);
+  ASSERT_EQ(e.workers.size(), 1u);
+  const WorkerTimeStats& w = e.workers[0];
+  EXPECT_EQ(w.batches, kSize) << "every batch is counted, timed or not";
+  EXPECT_EQ(w.samples, kSize);
+  // The worker was loading, collating, getting a segment or waiting for work from its start to
+  // its last batch: the estimates cover most of the epoch, and no more than all of it.
+  const double busy = w.loading + w.collating + w.segment + w.waiting;
+  EXPECT_GT(w.loading, 0.0);
+  EXPECT_GT(w.collating, 0.0);
+  EXPECT_LE(busy, e.seconds * 1.1 + 0.01);
+  EXPECT_GE(busy, e.seconds * 0.5) << "loading " << w.loading << " collating " << w.collating
+                                   << " segment " << w.segment << " waiting " << w.waiting;
+  EXPECT_LE(e.wait.count, kSize);
+  EXPECT_GT(e.wait.count + 64, kSize);
+}
+
 std::string python() { return ::access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : ""; }
 
 std::string check_trace(const fs::path& trace, const std::string& args) {
