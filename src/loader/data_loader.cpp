@@ -372,15 +372,14 @@ void DataLoader::Iterator::advance(std::uint64_t started_ns) {
   } catch (...) {
     e.error = std::current_exception();
   }
-  if (started_ns == 0) {  // a wait not timed (operator++): counted only
-    if (e.current || e.error) {
-      detail::StatsRecorder::counted(e.tally->epoch(), e.current ? e.current->size() : 0);
-      return;
-    }
-    started_ns = detail::Tracer::now_ns();  // the end: the epoch's clock stops now
+  if (started_ns == 0 && (e.current || e.error)) {  // a wait not timed (operator++): counted
+    detail::StatsRecorder::counted(e.tally->epoch(), e.current ? e.current->size() : 0);
+    return;
   }
-  // How long the loop waited, for the stats and the trace.
+  // How long the loop waited, for the stats and the trace. At the end the epoch's clock stops
+  // now, even after a wait that was not timed.
   const std::uint64_t now = detail::Tracer::now_ns();
+  if (started_ns == 0) started_ns = now;
   if (e.tally) {
     if (e.current || e.error) {
       detail::StatsRecorder::delivered(e.tally->epoch(), started_ns, now,
