@@ -85,10 +85,21 @@ struct Progress {
   }
 };
 
-// SIGTERM and SIGUSR1: the run stops after the batch in hand and saves what was consumed.
+// SIGTERM and SIGUSR1: once a batch was consumed, the run stops after the batch in hand and saves
+// what was consumed. Before that, nothing was consumed and --save-state already holds the state
+// the run started from (saved as soon as the loader was built): the signal's default action
+// ends the process at once, rather than after a first batch that may be long in coming.
 volatile std::sig_atomic_t g_stop_signal = 0;
+volatile std::sig_atomic_t g_consumed_a_batch = 0;
 
-extern "C" void on_stop_signal(int signal) { g_stop_signal = signal; }
+extern "C" void on_stop_signal(int signal) {
+  if (g_consumed_a_batch == 0) {
+    ::signal(signal, SIG_DFL);  // async-signal-safe, as is raise
+    ::raise(signal);
+    return;
+  }
+  g_stop_signal = signal;
+}
 
 // Installs the handlers for the run's lifetime; restores the old ones after.
 class StopSignals {
@@ -318,10 +329,6 @@ int run_pipeline(const RunOptions& options) {
   } catch (const Error&) {
     // An iterable dataset without a size hint: no total, no ETA.
   }
-  std::fprintf(stderr, "ferry run %s: %s\n", options.config.c_str(),
-               progress.planned ? (std::to_string(*progress.planned) + " batches").c_str()
-                                : "batches until the stream ends");
-
   auto save = [&] {
     if (save_path.empty()) return;
     // The dump reaches the disk first, so it always holds at least what the state says.
@@ -329,7 +336,15 @@ int run_pipeline(const RunOptions& options) {
       throw Error("--dump-indices " + options.dump_indices + ": write failed");
     loader.save_state(save_path);
   };
+  // The state the run starts from, saved before any batch: a job stopped before its first batch
+  // resumes from here (from --resume's state, not an older file at --save-state).
+  save();
+  std::fprintf(stderr, "ferry run %s: %s\n", options.config.c_str(),
+               progress.planned ? (std::to_string(*progress.planned) + " batches").c_str()
+                                : "batches until the stream ends");
+
   g_stop_signal = 0;
+  g_consumed_a_batch = 0;
   const StopSignals signals;
   auto preempted = [&] {
     const int signal = g_stop_signal;
@@ -385,6 +400,7 @@ int run_pipeline(const RunOptions& options) {
       }
       progress.show(first_epoch + e, options.epochs, false);
       if (options.save_every && progress.batches % *options.save_every == 0) save();
+      g_consumed_a_batch = 1;
       if (g_stop_signal != 0) return preempted();
       if (options.max_batches && ++in_epoch >= *options.max_batches) break;
     }

@@ -53,7 +53,7 @@ struct ResourceSnapshot {
   std::vector<int> children;         // pids whose ppid is us (scan /proc/*/stat)
   int zombies = 0;                   // of those, in state Z
   int memfds = 0;                    // fds whose target starts with "/memfd:"
-  std::vector<std::string> dev_shm;  // /dev/shm entries whose name contains "ferry"
+  std::vector<std::string> dev_shm;  // /dev/shm names with "ferry" (not another test's)
 };
 
 namespace harness_internal {
@@ -347,9 +347,28 @@ inline ResourceSnapshot snapshot() {
     }
   }
 
+  // A name carries the pid of the process that made it (ferry's shm_open fallback writes
+  // /ferry-PID-N-..., the harness's own test ferry-harness-test-PID): one made by a live process
+  // outside this process's tree belongs to a test running beside this one, not to this process.
+  auto made_elsewhere = [self](std::string_view name) {
+    const std::size_t digit = name.find_first_of("0123456789");
+    if (digit == std::string_view::npos) return false;
+    const int maker = std::atoi(std::string(name.substr(digit)).c_str());
+    if (maker <= 1 || maker == self || !pid_alive(maker)) return false;
+    int pid = maker;
+    for (int hops = 0; hops < 64 && pid > 1; ++hops) {
+      char state = 0;
+      int ppid = 0;
+      if (!harness_internal::read_stat(pid, &state, &ppid)) return false;
+      if (ppid == self) return false;
+      pid = ppid;
+    }
+    return true;
+  };
   if (DIR* dir = ::opendir("/dev/shm")) {
     while (const dirent* entry = ::readdir(dir)) {
-      if (std::string_view(entry->d_name).find("ferry") != std::string_view::npos) {
+      const std::string_view name(entry->d_name);
+      if (name.find("ferry") != std::string_view::npos && !made_elsewhere(name)) {
         snap.dev_shm.emplace_back(entry->d_name);
       }
     }

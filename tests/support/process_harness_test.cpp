@@ -20,16 +20,19 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "support/timing.h"
+
 namespace ferry::testing {
 namespace {
 
 using namespace std::chrono_literals;
 using ::testing::HasSubstr;
 
-// Polls `condition` every 5 ms until it holds or `within` passes.
+// Polls `condition` every 5 ms until it holds or `within` (scaled to the machine's load) passes.
 template <class F>
 bool eventually(F&& condition, std::chrono::milliseconds within) {
-  const auto until = std::chrono::steady_clock::now() + within;
+  const auto until = std::chrono::steady_clock::now() +
+                     std::chrono::duration_cast<std::chrono::milliseconds>(within * time_scale());
   while (!condition()) {
     if (std::chrono::steady_clock::now() >= until) return false;
     std::this_thread::sleep_for(5ms);
@@ -90,7 +93,7 @@ TEST(RunInChild, KillsAChildThatHangsWithinTheDeadline) {
   EXPECT_EQ(r.exit_code, -1);
   EXPECT_NE(r.signal, 0);
   EXPECT_GE(r.seconds, 0.3);
-  EXPECT_LT(r.seconds, 0.3 + 1.0);
+  EXPECT_LT(r.seconds, 0.3 + 1.0 * time_scale());
 }
 
 TEST(RunInChild, SendsSigusr1BeforeKilling) {
@@ -110,7 +113,7 @@ TEST(RunInChild, SendsSigusr1BeforeKilling) {
   EXPECT_TRUE(r.timed_out);
   EXPECT_EQ(r.signal, SIGKILL);
   EXPECT_THAT(r.output, HasSubstr("SIGUSR1: backtraces here"));
-  EXPECT_LT(r.seconds, 0.2 + 1.0);
+  EXPECT_LT(r.seconds, 0.2 + 1.0 * time_scale());
 }
 
 TEST(RunInChild, CapturesAMegabyteWithoutDeadlock) {
@@ -162,7 +165,7 @@ TEST(RunInChild, ReturnsWhenTheChildExitsEvenIfAGrandchildHoldsThePipe) {
       10s);
   EXPECT_FALSE(r.timed_out);
   EXPECT_EQ(r.exit_code, 0);
-  EXPECT_LT(r.seconds, 2.0);
+  EXPECT_LT(r.seconds, 2.0 * time_scale());
   const int grandchild = int_after(r.output, "grandchild=");
   ASSERT_GT(grandchild, 0) << r.output;
   // Left alone on a normal exit (a test may check that workers die by themselves): clean up.

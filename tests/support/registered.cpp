@@ -10,6 +10,8 @@
 
 #include "ferry/collate.h"
 
+#include "support/timing.h"
+
 namespace ferry::testing {
 
 namespace {
@@ -129,10 +131,17 @@ void register_test_types(Registry& r) {
                 {.name = "delay_ms", .type = ValueType::kInt, .default_value = 0},
                 {.name = "worker_delay_ms", .type = ValueType::kInt, .default_value = 0},
                 {.name = "crash_in_worker", .type = ValueType::kBool, .default_value = false},
-                {.name = "main_pid", .type = ValueType::kInt, .default_value = 0}}},
+                {.name = "main_pid", .type = ValueType::kInt, .default_value = 0},
+                // A file where each process appends the interval of its delay_ms (tests check
+                // that workers' rebuilds overlapped).
+                {.name = "interval_log", .default_value = ""}}},
       [](const Args& a) {
         const bool in_worker = ::getpid() != a.get<std::int64_t>("main_pid");
+        const std::int64_t started = testing::monotonic_ns();
         std::this_thread::sleep_for(std::chrono::milliseconds(a.get<std::int64_t>("delay_ms")));
+        if (const std::string log = a.get<std::string>("interval_log"); !log.empty()) {
+          testing::append_interval(log, started, testing::monotonic_ns());
+        }
         if (in_worker) {
           std::this_thread::sleep_for(
               std::chrono::milliseconds(a.get<std::int64_t>("worker_delay_ms")));
