@@ -46,6 +46,8 @@
 
 #include "ferry/ferry.h"
 
+#include "ipc/files.h"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -186,9 +188,15 @@ JpegData prepare_jpeg_data(const std::string& dir, std::size_t count) {
                                              .quality = 90});
     std::ofstream(marker) << count << "\n";
   }
-  for (const auto& entry : fs::recursive_directory_iterator(dir)) {
-    if (entry.path().extension() == ".jpg") data.files.push_back(entry.path().string());
+  std::error_code listed;
+  for (const fs::path& folder : ferry::ipc::folders_under(dir, listed)) {
+    for (const ferry::ipc::DirectoryEntry& entry : ferry::ipc::list_directory(folder, listed)) {
+      if (fs::path(entry.name).extension() == ".jpg") {
+        data.files.push_back((folder / entry.name).string());
+      }
+    }
   }
+  if (listed) throw std::runtime_error("cannot list " + dir + ": " + listed.message());
   std::sort(data.files.begin(), data.files.end());
   if (data.files.empty()) throw std::runtime_error("no JPEGs in " + dir);
   double total = 0;

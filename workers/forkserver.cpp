@@ -18,6 +18,7 @@
 #include "ferry/registry.h"
 
 #include "ipc/child_process.h"
+#include "ipc/files.h"
 #include "workers/forker.h"
 #include "workers/spawn.h"
 
@@ -53,12 +54,7 @@ std::mutex& server_mutex() {
 
 std::size_t thread_count() {
   std::error_code ec;
-  std::size_t n = 0;
-  for (auto it = std::filesystem::directory_iterator("/proc/self/task", ec);
-       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
-    ++n;
-  }
-  return n;
+  return ipc::list_directory("/proc/self/task", ec).size();
 }
 
 void adopt(ipc::Channel control, pid_t pid) {

@@ -522,9 +522,9 @@ void claim_folder(const Job& job, std::size_t rank) {
   std::error_code ec;
   const fs::path path = job.out / kStateDir / "job.json";
   if (!fs::exists(path, ec) && fs::exists(job.out, ec)) {
-    for (const auto& entry : fs::directory_iterator(job.out, ec)) {
-      if (entry.path().filename() != kStateDir) {
-        throw ConfigError(str(job.out.string(), " holds files (", entry.path().filename().string(),
+    for (const ipc::DirectoryEntry& entry : ipc::list_directory(job.out, ec)) {
+      if (entry.name != kStateDir) {
+        throw ConfigError(str(job.out.string(), " holds files (", entry.name,
                               ", ...) but no ", kStateDir, "/job.json, so it is not the output of ",
                               "a preprocess job; write to an empty or new output.path"));
       }
@@ -624,20 +624,21 @@ std::map<std::size_t, Record> read_records(const Job& job, bool check_files = tr
   std::map<std::size_t, Record> records;
   const fs::path dir = job.out / kStateDir;
   std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
+  for (const ipc::DirectoryEntry& entry : ipc::list_directory(dir, ec)) {
+    const std::string& name = entry.name;
     std::size_t part = 0;
     char tail = 0;
     if (std::sscanf(name.c_str(), "part-%zu.json%c", &part, &tail) != 1 ||
         name != part_file(part)) {
       continue;
     }
+    const fs::path path = dir / name;
     try {
       records[part] =
-          check_record(job, part, json::parse(ipc::read_file(entry.path(), "record")), check_files);
+          check_record(job, part, json::parse(ipc::read_file(path, "record")), check_files);
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "ferry: warning: %s: %s; part %zu is written again\n",
-                   entry.path().c_str(), e.what(), part);
+      std::fprintf(stderr, "ferry: warning: %s: %s; part %zu is written again\n", path.c_str(),
+                   e.what(), part);
     }
   }
   return records;
@@ -663,9 +664,9 @@ std::size_t sweep_folder(const Job& job) {
   std::map<std::size_t, std::vector<fs::path>> parts;  // part -> its temporaries
   std::vector<fs::path> others;
   for (const fs::path& dir : {job.out, job.out / kStateDir}) {
-    for (const auto& entry : fs::directory_iterator(dir, ec)) {
-      const fs::path& path = entry.path();
-      const std::string name = path.filename().string();
+    for (const ipc::DirectoryEntry& entry : ipc::list_directory(dir, ec)) {
+      const fs::path path = dir / entry.name;
+      const std::string& name = entry.name;
       std::optional<std::size_t> part;
       if (dir == job.out) {
         for (const char* tail : {".partial", ".idx.partial"}) {

@@ -13,6 +13,7 @@
 #include "ferry/vision/datasets.h"
 #include "ferry/vision/transforms.h"
 
+#include "ipc/files.h"
 #include "transforms/image_state.h"
 
 namespace ferry::vision {
@@ -101,8 +102,8 @@ Scan scan_folder(const std::string& root, const std::vector<std::string>& extens
                         "; give the folder that holds one sub-folder per class"));
   }
   Scan scan;
-  for (const auto& entry : fs::directory_iterator(root, ec)) {
-    if (entry.is_directory(ec)) scan.classes.push_back(entry.path().filename().string());
+  for (const ipc::DirectoryEntry& entry : ipc::list_directory(root, ec)) {
+    if (entry.is_directory) scan.classes.push_back(entry.name);
   }
   if (ec) throw DataError(str("ImageFolder: cannot list ", root, ": ", ec.message()));
   std::sort(scan.classes.begin(), scan.classes.end());
@@ -115,19 +116,13 @@ Scan scan_folder(const std::string& root, const std::vector<std::string>& extens
     // os.walk(followlinks=True), sorted: files grouped by folder, folders and names in order.
     const fs::path class_dir = fs::path(root) / scan.classes[label];
     std::vector<std::pair<std::string, std::string>> files;  // (folder, name)
-    const auto add_files_of = [&](const fs::path& dir) {
-      for (const auto& f : fs::directory_iterator(dir, ec)) {
-        if (!f.is_directory(ec) && has_extension(f.path().filename().string(), extensions)) {
-          files.emplace_back(dir.string(), f.path().filename().string());
+    for (const fs::path& dir : ipc::folders_under(class_dir, ec)) {
+      if (ec) break;
+      for (const ipc::DirectoryEntry& f : ipc::list_directory(dir, ec)) {
+        if (!f.is_directory && has_extension(f.name, extensions)) {
+          files.emplace_back(dir.string(), f.name);
         }
       }
-    };
-    add_files_of(class_dir);
-    for (auto it = fs::recursive_directory_iterator(
-             class_dir, fs::directory_options::follow_directory_symlink, ec);
-         it != fs::recursive_directory_iterator(); it.increment(ec)) {
-      if (ec) break;
-      if (it->is_directory(ec)) add_files_of(it->path());
     }
     if (ec)
       throw DataError(str("ImageFolder: cannot list ", class_dir.string(), ": ", ec.message()));

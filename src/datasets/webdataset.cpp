@@ -15,6 +15,7 @@
 #include "ferry/vision/transforms.h"
 
 #include "datasets/tar.h"
+#include "ipc/files.h"
 #include "transforms/image_state.h"
 
 namespace ferry::vision {
@@ -65,9 +66,9 @@ std::vector<std::string> expand_shards(const std::string& spec) {
   std::error_code ec;
   if (fs::is_directory(spec, ec)) {
     std::vector<std::string> out;
-    for (const auto& entry : fs::directory_iterator(spec, ec)) {
-      if (entry.path().extension() == ".tar" && !entry.is_directory(ec)) {
-        out.push_back(entry.path().string());
+    for (const ipc::DirectoryEntry& entry : ipc::list_directory(spec, ec)) {
+      if (fs::path(entry.name).extension() == ".tar" && !entry.is_directory) {
+        out.push_back((fs::path(spec) / entry.name).string());
       }
     }
     if (ec) throw DataError(str("shards ", spec, ": cannot list the folder: ", ec.message()));

@@ -1,14 +1,19 @@
 #include "ipc/files.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <sstream>
+#include <utility>
 
 #include "ferry/error.h"
 
@@ -92,6 +97,70 @@ std::string read_file(const std::filesystem::path& path, std::string_view what) 
   text << in.rdbuf();
   if (in.bad()) throw Error(detail::str(what, " ", path.string(), ": read failed"));
   return text.str();
+}
+
+std::vector<DirectoryEntry> list_directory(const std::filesystem::path& folder,
+                                           std::error_code& error) {
+  error.clear();
+  std::vector<DirectoryEntry> entries;
+  const std::unique_ptr<DIR, int (*)(DIR*)> dir(::opendir(folder.c_str()), &::closedir);
+  if (!dir) {
+    error.assign(errno, std::generic_category());
+    return entries;
+  }
+  for (;;) {
+    errno = 0;
+    const dirent* entry = ::readdir(dir.get());
+    if (entry == nullptr) {
+      if (errno != 0) error.assign(errno, std::generic_category());
+      return entries;
+    }
+    const std::string_view name(entry->d_name);
+    if (name == "." || name == "..") continue;
+    bool is_directory = entry->d_type == DT_DIR;
+    if (entry->d_type == DT_LNK || entry->d_type == DT_UNKNOWN) {
+      struct stat st {};
+      is_directory = ::fstatat(::dirfd(dir.get()), entry->d_name, &st, 0) == 0 &&
+                     S_ISDIR(st.st_mode);
+    }
+    entries.push_back({std::string(name), is_directory});
+  }
+}
+
+namespace {
+
+// Depth first, as os.walk(followlinks=True) goes, with the folders above `folder` in `above`.
+void walk(const std::filesystem::path& folder,
+          std::vector<std::pair<dev_t, ino_t>>& above,
+          std::vector<std::filesystem::path>& folders,
+          std::error_code& error) {
+  struct stat st {};
+  if (::stat(folder.c_str(), &st) != 0) {
+    error.assign(errno, std::generic_category());
+    return;
+  }
+  const std::pair<dev_t, ino_t> id{st.st_dev, st.st_ino};
+  if (std::find(above.begin(), above.end(), id) != above.end()) return;  // a link back up
+  folders.push_back(folder);
+  const std::vector<DirectoryEntry> entries = list_directory(folder, error);
+  if (error) return;
+  above.push_back(id);
+  for (const DirectoryEntry& entry : entries) {
+    if (entry.is_directory) walk(folder / entry.name, above, folders, error);
+    if (error) break;
+  }
+  above.pop_back();
+}
+
+}  // namespace
+
+std::vector<std::filesystem::path> folders_under(const std::filesystem::path& folder,
+                                                 std::error_code& error) {
+  error.clear();
+  std::vector<std::filesystem::path> folders;
+  std::vector<std::pair<dev_t, ino_t>> above;
+  walk(folder, above, folders, error);
+  return folders;
 }
 
 }  // namespace ferry::ipc

@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include "support/command.h"
+#include "support/files.h"
 
 namespace {
 
@@ -24,7 +25,9 @@ using ::testing::HasSubstr;
 using ::testing::Not;
 
 using Result = ferry::test::CommandResult;
+using ferry::test::BackgroundCommand;
 using ferry::test::slurp;
+using ferry::test::wait_until;
 
 class Cli : public ::testing::Test {
  protected:
@@ -48,6 +51,11 @@ class Cli : public ::testing::Test {
   static Result run_ferry(const std::string& args, const std::string& env = "") {
     return ferry::test::run_command("FERRY_SAMPLE_DATA='" + data_.string() + "' FERRY_WORKERS=2 " +
                                     env + " " + FERRY_CLI + " " + args);
+  }
+  // The same, as a command line for BackgroundCommand.
+  static std::string ferry_command(const std::string& args) {
+    return "env FERRY_SAMPLE_DATA='" + data_.string() + "' FERRY_WORKERS=2 " + FERRY_CLI + " " +
+           args;
   }
   static std::string config(const std::string& name) {
     return (fs::path(FERRY_SOURCE_DIR) / "configs" / name).string();
@@ -200,9 +208,18 @@ TEST_F(Cli, SigtermSavesTheStateAndResumeContinuesExactly) {
   const fs::path state = dir_ / "state.json";
   Result r = run_ferry("run " + config + " --epochs 2 --dump-indices " + full.string());
   ASSERT_EQ(r.code, 0) << r.err;
-  r = run_ferry("run " + config + " --epochs 2 --save-state " + state.string() +
-                    " --dump-indices " + part.string(),
-                "timeout --preserve-status -s TERM 1");
+  {
+    // The signal comes once the run has consumed a batch (--save-every 1 flushes its dump line
+    // before saving): an event, not a clock, so a busy machine only makes the test slower.
+    BackgroundCommand run(ferry_command("run " + config + " --epochs 2 --save-state " +
+                                        state.string() + " --save-every 1 --dump-indices " +
+                                        part.string()));
+    ASSERT_TRUE(wait_until([&] { return fs::exists(part) && fs::file_size(part) > 0; },
+                           std::chrono::minutes(2)))
+        << run.err_so_far();
+    run.signal(SIGTERM);
+    r = run.wait();
+  }
   ASSERT_EQ(r.code, 75) << r.err;
   EXPECT_THAT(r.err, AllOf(HasSubstr("stopped by SIGTERM"), HasSubstr(state.string())));
   const std::string saved = slurp(state);
@@ -220,6 +237,41 @@ TEST_F(Cli, SigtermSavesTheStateAndResumeContinuesExactly) {
   EXPECT_THAT(r.err, AllOf(HasSubstr("bad.json"), HasSubstr("not valid JSON")));
 }
 
+// Preempted during start-up, before any batch: the signal ends the run at once (its default
+// action, exit 143), and the state it started from, saved when the loader was built, resumes to
+// exactly the uninterrupted run.
+TEST_F(Cli, SigtermBeforeTheFirstBatchEndsTheRunAndItsStartingStateResumes) {
+  // Each sample takes a minute: no batch can arrive before the signal.
+  std::ofstream(dir_ / "slow.yaml") << "dataset: {type: synthetic, size: 30, shape: [2], "
+                                       "load_us: 60000000}\n"
+                                       "loader: {batch_size: 4, num_workers: 1, shuffle: true, "
+                                       "seed: 3}\n";
+  const std::string config = (dir_ / "slow.yaml").string();
+  const std::string fast = " --set dataset.load_us=0";
+  const fs::path full = dir_ / "full.jsonl";
+  const fs::path rest = dir_ / "rest.jsonl";
+  const fs::path state = dir_ / "state.json";
+  Result r = run_ferry("run " + config + fast + " --epochs 2 --dump-indices " + full.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  {
+    BackgroundCommand run(
+        ferry_command("run " + config + " --epochs 2 --save-state " + state.string()));
+    // Printed once the loader is made and its starting state saved, before its first batch.
+    ASSERT_TRUE(wait_until([&] { return run.err_so_far().find(" batches\n") != std::string::npos; },
+                           std::chrono::minutes(2)))
+        << run.err_so_far();
+    run.signal(SIGTERM);
+    r = run.wait();
+  }
+  ASSERT_EQ(r.code, 128 + SIGTERM) << r.err;
+  ASSERT_TRUE(fs::exists(state));
+  r = run_ferry("run " + config + fast + " --epochs 2 --resume " + state.string() +
+                " --dump-indices " + rest.string());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("resuming from"));
+  EXPECT_EQ(slurp(rest), slurp(full));
+}
+
 TEST_F(Cli, ValidateAcceptsEveryBundledConfig) {
   // configs/preprocess.yaml runs as it is, and writes the shards webdataset-train.yaml reads.
   const std::string shards = "FERRY_PREPROCESS_OUT='" + (dir_ / "shards").string() + "'";
@@ -227,19 +279,20 @@ TEST_F(Cli, ValidateAcceptsEveryBundledConfig) {
   ASSERT_EQ(pre.code, 0) << pre.err;
   EXPECT_THAT(pre.out, HasSubstr("complete"));
   std::size_t checked = 0;
-  for (const auto& entry : fs::directory_iterator(fs::path(FERRY_SOURCE_DIR) / "configs")) {
-    if (entry.path().extension() != ".yaml") continue;
-    const std::string name = entry.path().filename().string();
+  for (const std::string& name :
+       ferry::testing::names_in(fs::path(FERRY_SOURCE_DIR) / "configs")) {
+    const fs::path entry = fs::path(FERRY_SOURCE_DIR) / "configs" / name;
+    if (entry.extension() != ".yaml") continue;
     std::string env = shards;
     if (name.find("gpu") != std::string::npos && !at::hasCUDA()) {
       // Without CUDA the GPU pipeline is refused with the reason; on the CPU it is valid.
-      const Result refused = run_ferry("validate " + entry.path().string());
-      EXPECT_EQ(refused.code, 1) << entry.path();
-      EXPECT_THAT(refused.err, HasSubstr("device=cuda needs CUDA")) << entry.path();
+      const Result refused = run_ferry("validate " + entry.string());
+      EXPECT_EQ(refused.code, 1) << entry;
+      EXPECT_THAT(refused.err, HasSubstr("device=cuda needs CUDA")) << entry;
       env += " FERRY_DEVICE=cpu";
     }
-    const Result r = run_ferry("validate " + entry.path().string(), env);
-    EXPECT_EQ(r.code, 0) << entry.path() << ": " << r.err;
+    const Result r = run_ferry("validate " + entry.string(), env);
+    EXPECT_EQ(r.code, 0) << entry << ": " << r.err;
     if (name == "preprocess.yaml") {
       EXPECT_THAT(r.out, AllOf(HasSubstr("valid preprocess job (24 inputs"),
                                HasSubstr("type: image_folder"), HasSubstr("output:")));
@@ -248,7 +301,7 @@ TEST_F(Cli, ValidateAcceptsEveryBundledConfig) {
                                HasSubstr(name == "webdataset-train.yaml" ? "type: webdataset"
                                                                          : "type: image_folder"),
                                HasSubstr("loader:")))
-          << entry.path();
+          << entry;
     }
     ++checked;
   }
@@ -283,8 +336,7 @@ TEST_F(Cli, SampleDataWritesAnImageFolderOnceAndNeverOverAnotherFolder) {
   Result r = run_ferry("sample-data " + out.string() + " --classes 3 --per-class 2 --size 40x30");
   ASSERT_EQ(r.code, 0) << r.err;
   std::size_t jpegs = 0;
-  for (const auto& e : fs::recursive_directory_iterator(out))
-    jpegs += e.path().extension() == ".jpg";
+  for (const fs::path& file : ferry::testing::files_under(out)) jpegs += file.extension() == ".jpg";
   EXPECT_EQ(jpegs, 6u);
   EXPECT_TRUE(fs::exists(out / "class2" / "5.jpg"));
   r = run_ferry("sample-data " + out.string() + " --classes 3 --per-class 2 --size 40x30");

@@ -23,6 +23,7 @@
 #include "ferry/vision.h"
 
 #include "support/command.h"
+#include "support/files.h"
 
 namespace {
 
@@ -37,8 +38,8 @@ using ferry::test::slurp;
 // Every regular file under `dir` (hidden ones too), by relative path.
 std::map<std::string, std::string> snapshot(const fs::path& dir) {
   std::map<std::string, std::string> files;
-  for (const auto& e : fs::recursive_directory_iterator(dir)) {
-    if (e.is_regular_file()) files[fs::relative(e.path(), dir).string()] = slurp(e.path());
+  for (const fs::path& file : ferry::testing::files_under(dir)) {
+    if (fs::is_regular_file(file)) files[fs::relative(file, dir).string()] = slurp(file);
   }
   return files;
 }
@@ -50,8 +51,8 @@ std::vector<std::string> names_of(const std::map<std::string, std::string>& file
 }
 
 bool has_temporaries(const fs::path& dir) {
-  for (const auto& e : fs::recursive_directory_iterator(dir)) {
-    if (e.path().string().find(".partial") != std::string::npos) return true;
+  for (const fs::path& file : ferry::testing::files_under(dir)) {
+    if (file.string().find(".partial") != std::string::npos) return true;
   }
   return false;
 }
@@ -190,16 +191,16 @@ print(json.dumps(result))
       char expected_key[16];
       std::snprintf(expected_key, sizeof expected_key, "%06zu", sample);
       EXPECT_EQ(key, expected_key);
-      EXPECT_EQ(members[m][0], key + ".cls");
-      EXPECT_EQ(members[m + 1][0], key + ".jpg");
-      EXPECT_EQ(members[m + 2][0], key + ".json");
+      EXPECT_EQ(members[m][0].get<std::string>(), key + ".cls");
+      EXPECT_EQ(members[m + 1][0].get<std::string>(), key + ".jpg");
+      EXPECT_EQ(members[m + 2][0].get<std::string>(), key + ".json");
       for (std::size_t k = 0; k < 3; ++k) {
         std::string ext;
         std::uint64_t offset = 0;
         std::uint64_t size = 0;
         std::string name;
         index >> ext >> offset >> size >> name;
-        EXPECT_EQ(name, members[m + k][0]);
+        EXPECT_EQ(name, members[m + k][0].get<std::string>());
         EXPECT_EQ(offset, members[m + k][1].get<std::uint64_t>());
         EXPECT_EQ(size, members[m + k][2].get<std::uint64_t>());
       }

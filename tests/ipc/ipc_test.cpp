@@ -26,6 +26,8 @@
 #include "ipc/output_relay.h"
 #include "ipc/protocol.h"
 #include "ipc/shared_memory.h"
+#include "support/files.h"
+#include "support/timing.h"
 
 namespace ferry::ipc {
 namespace {
@@ -246,10 +248,12 @@ TEST(SharedMemory, IsSealedSoThatAReceiverCanTrustTheSizeItMeasures) {
 
 TEST(SharedMemory, TheShmOpenFallbackLeavesNoNameBehind) {
   fault::pretend_memfd_is_missing(true);
+  // This process's own names only (/ferry-PID-...): other tests may run beside this one.
   auto count_ferry_names = [] {
+    const std::string mine = "ferry-" + std::to_string(::getpid()) + "-";
     int n = 0;
-    for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
-      n += entry.path().filename().string().find("ferry") != std::string::npos;
+    for (const std::string& name : testing::names_in("/dev/shm")) {
+      n += name.find(mine) != std::string::npos;
     }
     return n;
   };
@@ -356,7 +360,7 @@ TEST(OutputRelay, ForwardsEverythingAndKeepsTheLastLinesOfEachPipe) {
   const auto started = std::chrono::steady_clock::now();
   EXPECT_EQ(relay.finish(key_b, started + std::chrono::milliseconds(100)),
             std::vector<std::string>{"bee"});
-  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(2));
+  EXPECT_LT(std::chrono::steady_clock::now() - started, testing::scaled(2.0));
   // wake() (async-signal-safe) runs on_wake on the relay's thread.
   relay.wake();
   std::unique_lock<std::mutex> lock(mutex);

@@ -21,6 +21,7 @@
 #include "ferry/sampler.h"
 
 #include "support/datasets.h"
+#include "support/files.h"
 #include "support/resume.h"
 
 namespace ferry {
@@ -513,9 +514,10 @@ TEST(Checkpoint, SavesToAFileAtomicallyAndReadsItBack) {
     first.save_state(folder / "loader.json");  // replaced every batch
     if (before.size() == 4) break;
   }
-  for (const auto& entry : std::filesystem::directory_iterator(folder)) {
-    EXPECT_EQ(entry.path().filename(), "loader.json") << "a temporary file was left behind";
-  }
+  // Listed as ferry lists folders: std::filesystem's directory iterators, which this test used,
+  // are the likely cause of its crash against PyTorch's LibTorch 2.11 (support/files.h).
+  EXPECT_EQ(testing::names_in(folder), std::vector<std::string>{"loader.json"})
+      << "a temporary file was left behind";
   DataLoader resumed(data, options);
   resumed.load_state_file(folder / "loader.json");
   testing::expect_continuation(reference, before, testing::run_through(resumed, 1), true);
