@@ -8,15 +8,18 @@
 #include <mutex>
 #include <utility>
 
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/types.h>
+
 #include "ferry/error.h"
 
+#include "device/accelerator.h"
 #include "ipc/shared_memory.h"
 
 namespace ferry::device {
 
 namespace {
 std::atomic<bool> g_pretend{false};
-std::atomic<std::size_t> g_live_registrations{0};
 
 // The driver API's types and constants, as cuda.h declares them.
 using CUresult = int;
@@ -151,7 +154,7 @@ bool cuda_initialized() noexcept {
   return initialised;
 }
 
-std::vector<int> devices_in_use() noexcept {
+std::vector<int> cuda_devices_in_use() noexcept {
   std::vector<int> in_use;
   const Driver& driver = Driver::get();
   if (!driver.loaded || driver.device_count == nullptr || driver.primary_ctx_state == nullptr) {
@@ -169,51 +172,67 @@ std::vector<int> devices_in_use() noexcept {
   return in_use;
 }
 
-HostRegistration HostRegistration::page_lock(void* data, std::size_t size, int device_index) {
-  const Driver& driver = Driver::get();
-  FERRY_CHECK(driver.loaded,
-              "the CUDA driver (libcuda.so.1) could not be loaded, so shared memory cannot be "
-              "page-locked for copies to the GPU; check the NVIDIA driver's installation");
-  const PrimaryContext context(driver, device_index);
-  const CUresult r = driver.host_register(data, size, kMemHostRegisterPortable);
-  if (r != kCudaSuccess) {
-    throw Error(detail::str("CUDA driver: cuMemHostRegister of ", ipc::format_bytes(size),
-                            " of shared memory failed: ", driver.describe(r)));
+namespace {
+
+// Why CUDA cannot be used here, for the option that needed it.
+std::string why_no_cuda() {
+  if (!c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA)) {
+    return "this LibTorch was built without CUDA (Debian's libtorch-dev is CPU-only); link "
+           "PyTorch's CUDA LibTorch (CMAKE_PREFIX_PATH from python3 -c 'import torch; "
+           "print(torch.utils.cmake_prefix_path)')";
   }
-  g_live_registrations.fetch_add(1, std::memory_order_relaxed);
-  return HostRegistration(data, device_index);
+  return "this LibTorch has CUDA but sees no GPU (check nvidia-smi, the driver and "
+         "CUDA_VISIBLE_DEVICES)";
 }
 
-HostRegistration::HostRegistration(HostRegistration&& other) noexcept
-    : data_(std::exchange(other.data_, nullptr)), device_index_(other.device_index_) {}
+// Page-locks through cuMemHostRegister_v2 with CU_MEMHOSTREGISTER_PORTABLE (for every context);
+// the primary context of `device_index` is pushed and popped around each call, so a tensor
+// deleter on any thread may unlock.
+class CudaAccelerator final : public Accelerator {
+ public:
+  c10::DeviceType type() const noexcept override { return c10::DeviceType::CUDA; }
+  std::string unavailable_reason() const override { return at::hasCUDA() ? "" : why_no_cuda(); }
 
-HostRegistration& HostRegistration::operator=(HostRegistration&& other) noexcept {
-  if (this != &other) {
-    reset();
-    data_ = std::exchange(other.data_, nullptr);
-    device_index_ = other.device_index_;
-  }
-  return *this;
-}
-
-void HostRegistration::reset() noexcept {
-  void* data = std::exchange(data_, nullptr);
-  if (data == nullptr) return;
-  g_live_registrations.fetch_sub(1, std::memory_order_relaxed);
-  const Driver& driver = Driver::get();
-  try {
-    const PrimaryContext context(driver, device_index_);
-    const CUresult r = driver.host_unregister(data);
+  HostRegistration page_lock(void* data, std::size_t size, int device_index) const override {
+    const Driver& driver = Driver::get();
+    FERRY_CHECK(driver.loaded,
+                "the CUDA driver (libcuda.so.1) could not be loaded, so shared memory cannot be "
+                "page-locked for copies to the GPU; check the NVIDIA driver's installation");
+    const PrimaryContext context(driver, device_index);
+    const CUresult r = driver.host_register(data, size, kMemHostRegisterPortable);
     if (r != kCudaSuccess) {
-      std::fprintf(stderr, "ferry: cuMemHostUnregister failed: %s\n", driver.describe(r).c_str());
+      throw Error(detail::str("CUDA driver: cuMemHostRegister of ", ipc::format_bytes(size),
+                              " of shared memory failed: ", driver.describe(r)));
     }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "ferry: cannot unlock page-locked shared memory: %s\n", e.what());
+    return HostRegistration([data, device_index]() noexcept {
+      const Driver& d = Driver::get();
+      try {
+        const PrimaryContext unlock_context(d, device_index);
+        const CUresult u = d.host_unregister(data);
+        if (u != kCudaSuccess) {
+          std::fprintf(stderr, "ferry: cuMemHostUnregister failed: %s\n", d.describe(u).c_str());
+        }
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "ferry: cannot unlock page-locked shared memory: %s\n", e.what());
+      }
+    });
   }
-}
 
-std::size_t live_host_registrations() noexcept {
-  return g_live_registrations.load(std::memory_order_relaxed);
+  std::vector<int> devices_in_use() const override { return cuda_devices_in_use(); }
+
+  bool is_pinned(const torch::Tensor& t) const override { return t.is_pinned(); }
+
+  torch::Tensor pinned_copy(const torch::Tensor& t) const override {
+    return torch::empty_like(t, t.options().pinned_memory(true), c10::MemoryFormat::Preserve)
+        .copy_(t);
+  }
+};
+
+}  // namespace
+
+const Accelerator& cuda_accelerator() {
+  static const CudaAccelerator accelerator;
+  return accelerator;
 }
 
 std::int64_t device_memory_used(int device_index) noexcept {

@@ -28,32 +28,6 @@ std::string message_of(const std::exception& e) {
   return e.what();
 }
 
-// Why CUDA is not there, for the option that needed it.
-std::string why_no_cuda() {
-  if (!c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA)) {
-    return "this LibTorch was built without CUDA (Debian's libtorch-dev is CPU-only); link "
-           "PyTorch's CUDA LibTorch (CMAKE_PREFIX_PATH from python3 -c 'import torch; "
-           "print(torch.utils.cmake_prefix_path)')";
-  }
-  return "this LibTorch has CUDA but sees no GPU (check nvidia-smi, the driver and "
-         "CUDA_VISIBLE_DEVICES)";
-}
-
-// A batch whose CPU tensors are all pinned copies: Tensor::pin_memory() for most, and a forced
-// copy (same layout) of any that already reports itself pinned, since a segment whose page-lock
-// the locking thread is just finishing must not be handed out unfenced.
-Batch pinned_copy(Batch batch) {
-  for (const auto& name : batch.names()) {
-    const auto* t = std::get_if<torch::Tensor>(batch.find(name));
-    if (t == nullptr || !t->is_cpu()) continue;
-    batch.set(name, t->is_pinned() ? torch::empty_like(*t, t->options().pinned_memory(true),
-                                                       c10::MemoryFormat::Preserve)
-                                         .copy_(*t)
-                                   : t->pin_memory());
-  }
-  return batch;
-}
-
 template <class F>
 void for_each_tensor(const Batch& batch, F&& f) {
   for (const auto& name : batch) {
@@ -76,27 +50,33 @@ DeviceStage::DeviceStage(std::optional<torch::Device> device,
   for (const auto& t : transforms_) {
     FERRY_CHECK(t != nullptr, "device_transforms: a transform is null");
   }
-  const bool to_cuda = device && device->is_cuda();
-  FERRY_CHECK(!device || device->is_cpu() || to_cuda, "device=", device->str(),
-              ": ferry copies batches to CUDA devices (or leaves them on the CPU); use cuda, "
-              "cuda:N or cpu");
-  if (to_cuda) {
-    FERRY_CHECK(at::hasCUDA(), "device=", device->str(), " needs CUDA, but ", why_no_cuda(),
-                "; or leave device unset");
+  const bool to_device = device && !device->is_cpu();
+  if (to_device) {
+    accelerator_ = accelerator_for(device->type());
+    FERRY_CHECK(accelerator_ != nullptr, "device=", device->str(),
+                ": ferry copies batches to an accelerator that LibTorch drives with streams and "
+                "events (CUDA, or a PrivateUse1 backend that registered itself with ferry), or "
+                "leaves them on the CPU; use cuda, cuda:N or cpu");
+    const std::string why = accelerator_->unavailable_reason();
+    FERRY_CHECK(why.empty(), "device=", device->str(), " needs ",
+                c10::DeviceTypeName(device->type(), device->type() != c10::DeviceType::CUDA),
+                ", but ", why, "; or leave device unset");
   }
   if (pin_memory) {
-    FERRY_CHECK(at::hasCUDA(), "pin_memory=true pins batches for copies to a GPU, but ",
-                why_no_cuda(), "; or set pin_memory=false");
+    if (!to_device) accelerator_ = &default_accelerator();
+    const std::string why = accelerator_->unavailable_reason();
+    FERRY_CHECK(why.empty(), "pin_memory=true pins batches for copies to a GPU, but ", why,
+                "; or set pin_memory=false");
   }
-  if (!to_cuda && !pin_memory) return;
-  guard_.emplace(c10::DeviceType::CUDA);
-  device_index_ = to_cuda && device->has_index() ? device->index() : guard_->getDevice().index();
-  FERRY_CHECK(device_index_ >= 0 && device_index_ < guard_->deviceCount(),
-              "device=cuda:", device_index_, ", but this machine has ",
-              static_cast<int>(guard_->deviceCount()),
-              " CUDA devices (cuda:0 to cuda:", guard_->deviceCount() - 1, ")");
-  if (to_cuda) {
-    device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(device_index_));
+  if (accelerator_ == nullptr) return;
+  guard_.emplace(accelerator_->type());
+  const std::string name = c10::DeviceTypeName(accelerator_->type(), /*lower_case=*/true);
+  device_index_ = to_device && device->has_index() ? device->index() : guard_->getDevice().index();
+  FERRY_CHECK(device_index_ >= 0 && device_index_ < guard_->deviceCount(), "device=", name, ":",
+              device_index_, ", but this machine has ", static_cast<int>(guard_->deviceCount()),
+              " ", name, " devices (", name, ":0 to ", name, ":", guard_->deviceCount() - 1, ")");
+  if (to_device) {
+    device_ = torch::Device(accelerator_->type(), static_cast<c10::DeviceIndex>(device_index_));
     // One long-lived stream for every copy of this loader, apart from the loop's own stream.
     stream_ = guard_->getStreamFromGlobalPool(*device_, /*isHighPriority=*/false);
   }
@@ -125,7 +105,9 @@ DeviceStage::~DeviceStage() {
       if (in_flight_.empty() && fenced_.empty()) break;
       if (std::chrono::steady_clock::now() >= deadline) {
         throw Error(detail::str(in_flight_.size(), " copies and ", fenced_.size(),
-                                " batches' queued GPU work on cuda:", device_index_,
+                                " batches' queued work on ",
+                                torch::Device(accelerator_->type(),
+                                              static_cast<c10::DeviceIndex>(device_index_)),
                                 " did not complete within ", kShutdownWait.count(), " s"));
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -143,8 +125,8 @@ DeviceStage::~DeviceStage() {
 namespace {
 
 // The devices whose current streams a fence covers: `device_index` and every other in use.
-std::vector<int> fenced_devices(int device_index) {
-  std::vector<int> devices = devices_in_use();
+std::vector<int> fenced_devices(const Accelerator& accelerator, int device_index) {
+  std::vector<int> devices = accelerator.devices_in_use();
   if (std::find(devices.begin(), devices.end(), device_index) == devices.end()) {
     devices.push_back(device_index);
   }
@@ -157,9 +139,9 @@ std::vector<c10::Event> record_on_current_streams(const c10::impl::VirtualGuardI
   std::vector<c10::Event> events;
   events.reserve(devices.size());
   for (const int d : devices) {
-    events.emplace_back(c10::DeviceType::CUDA);
+    events.emplace_back(guard.type());
     events.back().record(
-        guard.getStream(c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(d))));
+        guard.getStream(c10::Device(guard.type(), static_cast<c10::DeviceIndex>(d))));
   }
   return events;
 }
@@ -172,7 +154,9 @@ bool DeviceStage::Fenced::completed() const {
 
 bool DeviceStage::return_after_queued_work(std::shared_ptr<void>& held) noexcept {
   try {
-    Fenced fenced{record_on_current_streams(*guard_, fenced_devices(device_index_)), nullptr};
+    Fenced fenced{
+        record_on_current_streams(*guard_, fenced_devices(*accelerator_, device_index_)),
+        nullptr};
     const std::lock_guard<std::mutex> lock(mutex_);
     fenced_.reserve(fenced_.size() + 1);  // nothing below throws once `held` moves
     fenced.held = std::move(held);
@@ -183,11 +167,12 @@ bool DeviceStage::return_after_queued_work(std::shared_ptr<void>& held) noexcept
   }
 }
 
-bool DeviceStage::wait_for_queued_work(int device_index) noexcept {
+bool DeviceStage::wait_for_queued_work(const Accelerator& accelerator, int device_index) noexcept {
   try {
-    const c10::impl::VirtualGuardImpl guard(c10::DeviceType::CUDA);
+    const c10::impl::VirtualGuardImpl guard(accelerator.type());
     // c10::Event has no synchronize() in LibTorch 1.13: poll.
-    const Fenced fenced{record_on_current_streams(guard, fenced_devices(device_index)), nullptr};
+    const Fenced fenced{
+        record_on_current_streams(guard, fenced_devices(accelerator, device_index)), nullptr};
     const auto deadline = std::chrono::steady_clock::now() + kShutdownWait;
     while (!fenced.completed()) {
       if (std::chrono::steady_clock::now() >= deadline) {
@@ -198,7 +183,7 @@ bool DeviceStage::wait_for_queued_work(int device_index) noexcept {
     return true;
   } catch (const std::exception& e) {
     std::fprintf(stderr,
-                 "ferry: warning: could not wait for the GPU work queued from a pinned batch "
+                 "ferry: warning: could not wait for the device work queued from a pinned batch "
                  "(%s); its shared memory is kept, not freed, so that no copy reads freed "
                  "memory\n",
                  message_of(e).c_str());
@@ -231,7 +216,7 @@ void DeviceStage::lock_ranges() noexcept {
     // Nobody else holds it (its segment was retired and its batches are gone): not worth 50 ms.
     if (range.use_count() == 1) continue;
     try {
-      range->registration_ = HostRegistration::page_lock(range->data_, range->size_, device_index_);
+      range->registration_ = accelerator_->page_lock(range->data_, range->size_, device_index_);
       range->locked_.store(true, std::memory_order_release);
     } catch (const std::exception& e) {
       static std::once_flag warned;
@@ -244,6 +229,19 @@ void DeviceStage::lock_ranges() noexcept {
     }
     // `range` may be the last owner of its segment: it is then unlocked and unmapped here.
   }
+}
+
+// The batch with its CPU tensors in memory page-locked for the accelerator: those that lie in
+// such memory already as they are, the rest as pinned copies; with `copy_all`, every one a pinned
+// copy (same layout), since a segment whose page-lock the locking thread is just finishing must
+// not be handed out unfenced.
+Batch DeviceStage::pinned(Batch batch, bool copy_all) const {
+  for (const auto& name : batch.names()) {
+    const auto* t = std::get_if<torch::Tensor>(batch.find(name));
+    if (t == nullptr || !t->is_cpu()) continue;
+    if (copy_all || !accelerator_->is_pinned(*t)) batch.set(name, accelerator_->pinned_copy(*t));
+  }
+  return batch;
 }
 
 void DeviceStage::run_transforms(Batch& batch) const {
@@ -268,16 +266,16 @@ StagedBatch DeviceStage::start(Batch host, bool page_locked) {
       // not yet locked, a one-off segment, what a transform made) becomes a pinned copy from
       // LibTorch's caching host allocator, which records the loop's copies from it. `page_locked`
       // was read before this call and only ever turns true, so the fence sees it too.
-      host = page_locked ? host.pin_memory() : pinned_copy(std::move(host));
+      host = pinned(std::move(host), /*copy_all=*/!page_locked);
     }
     return {std::move(host), nullptr};
   }
   // The copy reads `source` asynchronously: keep it until the copy's event has completed.
-  Batch source = page_locked ? std::move(host) : host.pin_memory();
+  Batch source = page_locked ? std::move(host) : pinned(std::move(host), /*copy_all=*/false);
   host = Batch();  // a pinned copy was made: the shared memory can go back to its worker now
   const c10::StreamGuard on_copy_stream(*stream_);
   auto keep_until_done = [&] {
-    auto done = std::make_shared<c10::Event>(c10::DeviceType::CUDA);
+    auto done = std::make_shared<c10::Event>(accelerator_->type());
     done->record(*stream_);
     const std::lock_guard<std::mutex> lock(mutex_);
     in_flight_.push_back({done, std::move(source)});

@@ -19,12 +19,12 @@
 #include "ferry/batch.h"
 #include "ferry/device_transforms.h"
 
-#include "device/cuda_driver.h"
+#include "device/accelerator.h"
 
 namespace ferry::device {
 
-// A batch on its way to the training loop: its tensors on the loader's device, and on a CUDA
-// device the event that its copy and device transforms end with.
+// A batch on its way to the training loop: its tensors on the loader's device, and on an
+// accelerator the event that its copy and device transforms end with.
 struct StagedBatch {
   Batch batch;
   std::shared_ptr<c10::Event> ready;  // null: nothing to wait for
@@ -51,19 +51,20 @@ class LockableRange {
 };
 
 // The device stage (DESIGN.md): between the loader, which assembles host batches, and the
-// training loop. With pin_memory or a CUDA device it page-locks recycled shared-memory segments.
-// With a CUDA device it copies batches there on one long-lived side stream as soon as they
-// arrive, runs the device transforms there, and hands each batch over with an event that the
-// loop's stream waits on. With pin_memory alone it hands over batches pinned in place and keeps
-// their segments, once dropped, until the GPU work queued before the drop has completed. It knows
-// tensors and CUDA (through LibTorch's device-generic API and the driver loaded at run time),
-// nothing of workers.
+// training loop. With pin_memory or an accelerator device it page-locks recycled shared-memory
+// segments. With an accelerator device (CUDA, or a PrivateUse1 backend that registered its
+// Accelerator) it copies batches there on one long-lived side stream as soon as they arrive,
+// runs the device transforms there, and hands each batch over with an event that the loop's
+// stream waits on. With pin_memory alone it hands over batches pinned in place and keeps their
+// segments, once dropped, until the device work queued before the drop has completed. It knows
+// tensors and accelerators (through LibTorch's device-generic streams and events, and
+// accelerator.h for the rest: CUDA's driver loaded at run time), nothing of workers.
 //
 // Not thread-safe except where noted: the loader calls it from the iterating thread.
 class DeviceStage {
  public:
-  // `device` unset or the CPU: no copy. Throws ConfigError when pin_memory or a CUDA device is
-  // asked of a LibTorch without CUDA or a machine without a GPU.
+  // `device` unset or the CPU: no copy. Throws ConfigError when pin_memory or an accelerator
+  // device is asked of a LibTorch or a machine without one (CUDA: a CPU-only LibTorch, no GPU).
   DeviceStage(std::optional<torch::Device> device, bool pin_memory, BatchTransforms transforms);
   // Waits for the copies in flight and the work queued before fenced segments were dropped (at
   // most 30 s; past that their host memory is kept, not freed), then lets them go.
@@ -71,14 +72,16 @@ class DeviceStage {
   DeviceStage(const DeviceStage&) = delete;
   DeviceStage& operator=(const DeviceStage&) = delete;
 
-  // Whether the loader should page-lock the shared-memory segments it maps: with pin_memory or a
-  // CUDA device. Batches in page-locked segments are pinned without a copy.
+  // Whether the loader should page-lock the shared-memory segments it maps: with pin_memory or an
+  // accelerator device. Batches in page-locked segments are pinned without a copy.
   bool page_locks_segments() const noexcept { return guard_.has_value(); }
   // pin_memory without a device: host batches reach the loop in page-locked shared memory, and
   // the loop may queue non_blocking copies from them that the stage cannot see. A segment such a
   // batch held must go back to its worker only after that work: see return_after_queued_work.
   bool fences_returns() const noexcept { return pin_ && !device_; }
-  // The CUDA device segments are page-locked for (with pin_memory or a device).
+  // The accelerator and its device that segments are page-locked for (with pin_memory or a
+  // device); accelerator() only then.
+  const Accelerator& accelerator() const noexcept { return *accelerator_; }
   int device_index() const noexcept { return device_index_; }
   // Takes `held` (whose destruction sends a segment back to its worker) and keeps it until the
   // GPU work queued so far on the calling thread's current streams has completed: one event on
@@ -91,14 +94,14 @@ class DeviceStage {
   // still held a batch) or return_after_queued_work failed: waits (at most 30 s) for the work
   // queued so far on its current streams. False if that could not be known: the caller must then
   // keep the memory rather than free it under a copy.
-  static bool wait_for_queued_work(int device_index) noexcept;
+  static bool wait_for_queued_work(const Accelerator& accelerator, int device_index) noexcept;
   // Asks for `range` to be page-locked, once, on the stage's own thread (about 50 ms for 38.5 MB,
   // which the training loop must not wait for); until then its batches take a pinned copy. The
   // pointer keeps the memory alive while the request waits (an aliasing shared_ptr to its owner).
   // If the driver refuses, warns once: that range's batches keep taking a pinned copy.
   void page_lock_later(std::shared_ptr<LockableRange> range);
 
-  // Starts `host` on its way. On a CUDA device its copy (straight from `host` when it lies in
+  // Starts `host` on its way. On an accelerator its copy (straight from `host` when it lies in
   // page-locked memory, `page_locked`, else from a pinned copy) and the device transforms are
   // issued on the stage's stream now, and `host` is kept until they have completed, so its
   // shared memory cannot be recycled under the copy. Without a device, the transforms run here,
@@ -122,11 +125,12 @@ class DeviceStage {
     std::shared_ptr<c10::Event> done;
     Batch host;
   };
-  std::optional<torch::Device> device_;  // a CUDA device with its index, or unset (host only)
+  std::optional<torch::Device> device_;  // an accelerator device with its index, or unset
   bool pin_ = false;                     // without a device: host batches in pinned memory
-  int device_index_ = 0;                 // the CUDA device segments are page-locked for
+  const Accelerator* accelerator_ = nullptr;  // with pin_memory or a device
+  int device_index_ = 0;                      // its device that segments are page-locked for
   BatchTransforms transforms_;
-  std::optional<c10::impl::VirtualGuardImpl> guard_;  // CUDA's, with pin_memory or a device
+  std::optional<c10::impl::VirtualGuardImpl> guard_;  // the accelerator's, with accelerator_
   std::optional<c10::Stream> stream_;                 // the copy stream
   mutable std::mutex mutex_;
   std::deque<InFlight> in_flight_;  // in stream order, so completion is in order too
@@ -136,6 +140,7 @@ class DeviceStage {
     bool completed() const;
   };
   std::vector<Fenced> fenced_;  // return_after_queued_work's; on any streams, so in no order
+  Batch pinned(Batch batch, bool copy_all) const;  // CPU tensors pinned for accelerator_
 
   // The page-locking thread, started at the first request, and its queue.
   void lock_ranges() noexcept;
@@ -148,7 +153,8 @@ class DeviceStage {
 
 namespace fault {
 // Tests: `work` runs on the copy stream (it is current) before each batch's copy, so a test can
-// hold copies in flight for as long as it likes (a chain of GPU matmuls). Empty: none.
+// hold copies in flight for as long as it likes (a chain of GPU matmuls, or the test device's
+// busy work). Empty: none.
 void set_before_copy(std::function<void()> work);
 }  // namespace fault
 

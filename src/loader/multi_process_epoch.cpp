@@ -12,7 +12,7 @@
 
 #include "ferry/error.h"
 
-#include "device/cuda_driver.h"
+#include "device/accelerator.h"
 #include "ipc/protocol.h"
 #include "loader/batch_message.h"
 #include "workers/worker_loop.h"
@@ -34,7 +34,8 @@ struct SegmentLease {
   std::uint64_t generation = 0;  // of the worker's process
   std::uint64_t segment_id = 0;
   std::weak_ptr<device::DeviceStage> fence;  // armed at delivery when the stage fences_returns()
-  int fence_device = -1;                     // its device, for when the stage is gone
+  const device::Accelerator* fence_accelerator = nullptr;  // its accelerator and device, for
+  int fence_device = -1;                                   // when the stage is gone
 
   ~SegmentLease() {
     if (fence_device >= 0 && mapping && mapping->page_lock.locked()) {
@@ -48,7 +49,9 @@ struct SegmentLease {
         std::shared_ptr<void> held = std::move(rest);
         const auto stage = fence.lock();
         if (stage && stage->return_after_queued_work(held)) return;
-        if (device::DeviceStage::wait_for_queued_work(fence_device)) return;  // `held` recycles
+        if (device::DeviceStage::wait_for_queued_work(*fence_accelerator, fence_device)) {
+          return;  // `held` recycles
+        }
         new std::shared_ptr<void>(std::move(held));  // NOLINT: kept on purpose, never freed
       } catch (...) {
         if (mapping) new std::shared_ptr<MappedSegment>(std::move(mapping));  // NOLINT: likewise
@@ -599,8 +602,9 @@ void MultiProcessEpoch::handle_message(WorkerSlot& w,
         // Armed when the batch reaches the loop: one dropped before (a prefetched batch of an
         // epoch that ends early, a pinned copy's source) goes back at once.
         result.arm_fence = [lease, weak = std::weak_ptr<device::DeviceStage>(stage),
-                            device = stage->device_index()] {
+                            accelerator = &stage->accelerator(), device = stage->device_index()] {
           lease->fence = weak;
+          lease->fence_accelerator = accelerator;
           lease->fence_device = device;
         };
       }

@@ -10,6 +10,7 @@
 
 #include "ferry/error.h"
 
+#include "device/cuda_driver.h"
 #include "ipc/protocol.h"
 #include "loader/loader_state.h"
 #include "workers/forker.h"
