@@ -21,11 +21,12 @@ esac
 
 build_dir="${FERRY_BUILD_DIR:-build}"
 jobs="$(nproc)"
-packages=(cmake g++ ninja-build libtorch-dev nlohmann-json3-dev libgtest-dev libgmock-dev
-          libopencv-dev libjpeg-dev libpng-dev libtbb-dev libyaml-cpp-dev libcli11-dev)
-# The vision tests compare against torchvision, run by Debian's Python.
+packages=(cmake g++ ninja-build libtorch-dev nlohmann-json3-dev libopencv-dev libjpeg-dev
+          libpng-dev libtbb-dev libyaml-cpp-dev libcli11-dev)
+# The tests: GoogleTest; the vision tests compare against torchvision, run by Debian's Python;
+# the launcher test runs torchrun and mpirun.
 if [ "$mode" = test ]; then
-  packages+=(python3-torchvision python3-pil openmpi-bin)
+  packages+=(libgtest-dev libgmock-dev python3-torchvision python3-pil openmpi-bin)
 fi
 
 missing=()
@@ -44,10 +45,19 @@ if ((${#missing[@]})); then
     "${missing[@]}"
 fi
 
+# The run needs the library, the ferry command and ferry-worker; the tests need everything.
+if [ "$mode" = run ]; then
+  parts=OFF
+  targets=(--target ferry_cli ferry-worker)
+else
+  parts=ON
+  targets=()
+fi
 echo "==> configuring ($build_dir)"
-cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
-echo "==> building with $jobs jobs"
-cmake --build "$build_dir" -j "$jobs"
+cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFERRY_BUILD_TESTS=$parts \
+  -DFERRY_BUILD_BENCH=$parts -DFERRY_BUILD_EXAMPLES=$parts
+echo "==> building ${targets[*]:-everything} with $jobs jobs"
+cmake --build "$build_dir" -j "$jobs" "${targets[@]}"
 
 if [ "$mode" = run ]; then
   FERRY_SAMPLE_DATA="$(cd "$build_dir" && pwd)/sample-data"

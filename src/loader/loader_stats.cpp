@@ -205,10 +205,9 @@ void StatsRecorder::reached_end(Epoch& epoch, std::uint64_t start_ns, std::uint6
   EpochStats s;
   {
     const std::lock_guard<std::mutex> lock(mutex_);
-    if (warned_ || num_workers_ == 0 || worker_cores_.empty()) return;
+    if (num_workers_ == 0 || worker_cores_.empty()) return;
     s = snapshot(epoch);
-    if (!workers_saturate(s.worker_cpu_seconds, s.seconds, worker_cores_.size())) return;
-    warned_ = true;
+    if (!noisy_neighbour_.observe(s.worker_cpu_seconds, s.seconds, worker_cores_.size())) return;
   }
   const std::vector<int> loop = thread_cpus();
   std::vector<int> shared;

@@ -71,6 +71,28 @@ class MemoryGauge {
   std::atomic<std::size_t> peak_{0};
 };
 
+// Whether workers that used `cpu_seconds` in `seconds` on `worker_cores` cores kept them busy
+// enough (90%) to starve a training thread that shares them (SPDL's "noisy neighbour").
+bool workers_saturate(double cpu_seconds, double seconds, std::size_t worker_cores) noexcept;
+
+// When to warn of the noisy neighbour: once, when epochs whose workers saturated their cores add
+// up to kSeconds. A short run (a demo, a smoke test) loses nothing worth a warning to it.
+class NoisyNeighbourRule {
+ public:
+  static constexpr double kSeconds = 30.0;
+  // One finished epoch; true the first time the saturated epochs reach kSeconds.
+  bool observe(double cpu_seconds, double seconds, std::size_t worker_cores) noexcept {
+    if (warned_ || !workers_saturate(cpu_seconds, seconds, worker_cores)) return false;
+    saturated_ += seconds;
+    warned_ = saturated_ >= kSeconds;
+    return warned_;
+  }
+
+ private:
+  double saturated_ = 0;
+  bool warned_ = false;
+};
+
 // The figures of every epoch of one loader. The iterating thread records (a loader is iterated
 // from one thread), without a lock on the per-batch path; stats() reads from any thread.
 class StatsRecorder {
@@ -116,7 +138,7 @@ class StatsRecorder {
   std::size_t num_workers_;
   std::vector<int> worker_cores_;  // sorted
   std::size_t history_;
-  bool warned_ = false;
+  NoisyNeighbourRule noisy_neighbour_;
   std::shared_ptr<MemoryGauge> memory_ = std::make_shared<MemoryGauge>();
   mutable std::mutex mutex_;
   std::deque<std::shared_ptr<Epoch>> epochs_;  // the most recent `history_`
@@ -143,9 +165,5 @@ class EpochTally {
   std::shared_ptr<StatsRecorder::Epoch> epoch_;
   TimingStride stride_;
 };
-
-// Whether workers that used `cpu_seconds` in `seconds` on `worker_cores` cores kept them busy
-// enough (90%) to starve a training thread that shares them (SPDL's "noisy neighbour").
-bool workers_saturate(double cpu_seconds, double seconds, std::size_t worker_cores) noexcept;
 
 }  // namespace ferry::detail

@@ -125,6 +125,18 @@ TEST(NoisyNeighbour, WorkersSaturateTheirCoresAtNinetyPercent) {
   EXPECT_FALSE(workers_saturate(1.0, 1.0, 0));
 }
 
+TEST(NoisyNeighbour, WarnsOnceWhenSaturatedEpochsAddUpToThirtySeconds) {
+  NoisyNeighbourRule rule;
+  // A short run (the demo's three one-second epochs) is not worth a warning.
+  for (int epoch = 0; epoch < 3; ++epoch) EXPECT_FALSE(rule.observe(1.9, 1.0, 2));
+  EXPECT_FALSE(rule.observe(1.0, 20.0, 2)) << "an epoch that left its cores free counts nothing";
+  EXPECT_FALSE(rule.observe(19.0, 10.0, 2));  // 13 s saturated so far
+  EXPECT_TRUE(rule.observe(38.0, 20.0, 2));   // 33 s
+  EXPECT_FALSE(rule.observe(38.0, 20.0, 2)) << "once";
+  NoisyNeighbourRule long_epoch;
+  EXPECT_TRUE(long_epoch.observe(1.8 * 30, 30.0, 2));
+}
+
 class Sleepy : public Dataset {
  public:
   std::size_t size() const override { return 40; }
