@@ -5,7 +5,7 @@ of PyTorch's samplers.
   samplers.txt             RandomSampler, SubsetRandomSampler, DistributedSampler, and
                            DataLoader(shuffle=True, generator=g) (whose iterators draw a base
                            seed from g before each order): the same from every torch version
-                           checked (the sampler lines from 1.13 and 2.11 are identical).
+                           checked (the sampler lines from 1.13, 2.6 and 2.11 are identical).
   weighted-torchX.Y.txt    WeightedRandomSampler: torch.multinomial's draws changed between
                            versions, so each LibTorch X.Y is compared only with goldens from the
                            same version (the test skips, naming this script, where there are none).

@@ -19,7 +19,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -51,14 +50,16 @@ def torchrun(n, folder):
     # --redirects/--tee 1: Debian's torch 1.13 on Python 3.11 parses only single-bit values
     # (IntFlag iterates no zero or multi-bit member), so its default of 0 fails every run.
     # --log_dir: a fresh folder inside ours (torchrun's default is a torchelastic_* in /tmp).
-    # The store listens on 127.0.0.1 at a free port: --standalone's fixed localhost:29400 needs
-    # a resolvable "localhost" and clashes with another run of this test.
+    # The rendezvous goes through a file store of its own (the c10d backend's store_type=file):
+    # no port to pick or clash with another run of this test, and no TCPStore, which Debian 13's
+    # torch 2.6 cannot make ("use_libuv was requested but PyTorch was build without libuv
+    # support": every TCPStore torchrun makes asks for libuv). TORCH_DISABLE_SHARE_RDZV_TCP_STORE
+    # (set in main) keeps torch 2.x from starting a TCPStore for the workers after it.
     logs = tempfile.mkdtemp(prefix="torchrun-", dir=folder)
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    store = os.path.join(logs, "rendezvous")
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={n}",
-            "--master_addr=127.0.0.1", f"--master_port={port}", "--redirects", "1", "--tee", "1",
+            "--rdzv_backend=c10d", f"--rdzv_endpoint={store}", "--rdzv_conf=store_type=file",
+            f"--rdzv_id={os.path.basename(logs)}", "--redirects", "1", "--tee", "1",
             "--log_dir", logs, "--no_python"]
 
 
@@ -67,6 +68,37 @@ def mpirun(n):
     if os.geteuid() == 0:
         command.append("--allow-run-as-root")
     return command
+
+
+def process_tree(root):
+    """`root` and every process below it (from /proc), children before their parents' return."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    tree, pending = [], [root]
+    while pending:
+        pid = pending.pop()
+        tree.append(pid)
+        pending.extend(children.get(pid, []))
+    return tree
+
+
+def kill_tree(root):
+    """SIGKILLs `root` and all below it at once, as a node's loss would: torch 2.x's torchrun
+    starts each rank in a session of its own, which killing torchrun's group would miss."""
+    for pid in process_tree(root):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def read_dump(path):
@@ -147,6 +179,7 @@ def main():
                   "SLURM_NTASKS", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"):
         env.pop(stale, None)
     env["OMP_NUM_THREADS"] = "1"
+    env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # see torchrun() (torch 1.13 ignores it)
     try:
         preprocess_under_launchers(ferry, folder, env)
         fast = config(folder, 0)
@@ -156,7 +189,9 @@ def main():
             check_ranks(name, [read_dump(dump.format(rank=r)) for r in range(4)], 4)
 
         # Killed mid-epoch, then resumed at world size 2.
-        slow = config(folder, 2000)  # 2 ms a sample: an epoch takes about two seconds a rank
+        # 5 ms a sample: a rank's epoch (63 batches of 4) takes over a second, so the poll below
+        # sees a checkpoint and kills the job well before any rank finishes it, busy machine or not.
+        slow = config(folder, 5000)
         states = os.path.join(folder, "state-{rank}.json")
         dumps = os.path.join(folder, "killed-{rank}.jsonl")
         job = subprocess.Popen(
@@ -176,11 +211,16 @@ def main():
             if len(positions) == 4 and min(positions.values()) >= 6:
                 break
             time.sleep(0.05)
-        os.killpg(job.pid, signal.SIGKILL)
+        kill_tree(job.pid)
         job.wait()
         assert len(positions) == 4 and min(positions.values()) >= 6, f"no checkpoint: {positions}"
         # The checkpoint every rank reached: the slowest rank's (a training job saves one state
-        # at a step all ranks are in, as ranks in step are).
+        # at a step all ranks are in, as ranks in step are), read after the kill (a rank may
+        # have saved again between the poll above and the kill).
+        positions = {}
+        for r in range(4):
+            with open(states.format(rank=r)) as f:
+                positions[r] = json.load(f)["position"]
         slowest = min(positions, key=positions.get)
         with open(states.format(rank=slowest)) as f:
             state = json.load(f)
