@@ -387,6 +387,7 @@ int run_pipeline(const RunOptions& options) {
         return stopped_or_rethrow();
       }
       const Batch& batch = *current;
+      g_consumed_a_batch = 1;  // from here a stop signal waits for this batch's save
       ++progress.batches;
       progress.samples += batch.size();
       progress.bytes += loop_step(batch, options.step_ms);
@@ -400,7 +401,6 @@ int run_pipeline(const RunOptions& options) {
       }
       progress.show(first_epoch + e, options.epochs, false);
       if (options.save_every && progress.batches % *options.save_every == 0) save();
-      g_consumed_a_batch = 1;
       if (g_stop_signal != 0) return preempted();
       if (options.max_batches && ++in_epoch >= *options.max_batches) break;
     }
