@@ -524,16 +524,17 @@ class Worker {
   // the process used since the last read.
   //
   // Batches faster than TimingStride::kFastNs are timed one in a stride: the timed one (from the
-  // previous batch's send to its own) reports its figures times the batches it stands for, the
-  // others report none. A trace times every batch.
+  // previous batch's send to its own) reports its figures for the batches it stands for (they
+  // fill the time since the previous timed one: TimingStride::tiled), the others report none. A
+  // trace times every batch.
   void stamp(ipc::BatchReadyMessage& ready, std::uint64_t now = 0) {
     if (timed_) {
       if (now == 0) now = now_ns();
-      const std::uint32_t weight = stride_.timed(last_sent_ns_, now);
-      timing_.waiting_ns *= weight;
-      timing_.loading_ns *= weight;
-      timing_.collating_ns *= weight;
-      timing_.segment_ns *= weight;
+      (void)stride_.timed(last_sent_ns_, now);
+      timing_.waiting_ns = stride_.tiled(timing_.waiting_ns);
+      timing_.loading_ns = stride_.tiled(timing_.loading_ns);
+      timing_.collating_ns = stride_.tiled(timing_.collating_ns);
+      timing_.segment_ns = stride_.tiled(timing_.segment_ns);
       if (last_cpu_ns_ == 0 || now - std::min(now, last_cpu_read_ns_) >= 10'000'000) {
         const std::uint64_t cpu = clock_ns(CLOCK_PROCESS_CPUTIME_ID);
         timing_.cpu_ns = cpu - std::min(cpu, last_cpu_ns_);

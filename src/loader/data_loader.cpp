@@ -382,9 +382,11 @@ void DataLoader::Iterator::advance(std::uint64_t started_ns) {
   if (started_ns == 0) started_ns = now;
   if (e.tally) {
     if (e.current || e.error) {
+      detail::TimingStride& stride = e.tally->stride();
+      const std::uint32_t weight = stride.timed(started_ns, now);
       detail::StatsRecorder::delivered(e.tally->epoch(), started_ns, now,
-                                       e.current ? e.current->size() : 0,
-                                       e.tally->stride().timed(started_ns, now));
+                                       e.current ? e.current->size() : 0, weight,
+                                       stride.scaled(now - std::min(now, started_ns)));
     } else {
       e.tally->recorder().reached_end(e.tally->epoch(), started_ns, now);
     }

@@ -184,12 +184,13 @@ void StatsRecorder::delivered(Epoch& epoch,
                               std::uint64_t start_ns,
                               std::uint64_t now_ns,
                               std::size_t samples,
-                              std::uint32_t weight) noexcept {
+                              std::uint32_t weight,
+                              std::optional<std::uint64_t> total_ns) noexcept {
   const std::uint64_t waited = now_ns - std::min(now_ns, start_ns);
   epoch.last_ns.set(now_ns);
   epoch.batches.add(1);
   epoch.samples.add(samples);
-  epoch.wait_total_ns.add(waited * weight);
+  epoch.wait_total_ns.add(total_ns.value_or(waited * weight));
   epoch.waits.record(waited, weight);
 }
 

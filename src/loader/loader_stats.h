@@ -12,6 +12,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "ferry/data_loader.h"
@@ -107,12 +108,14 @@ class StatsRecorder {
   void forget(const std::shared_ptr<Epoch>& epoch);
   // The loop waited from `start_ns` to `now_ns` (CLOCK_MONOTONIC) in begin() or ++ and got a
   // batch of `samples` (or an error). The wait stands for `weight` batches' (TimingStride): this
-  // one and those since the previous timed one, which counted() counted.
+  // one and those since the previous timed one, which counted() counted; their waits add up to
+  // `total_ns` (TimingStride::scaled; this wait alone when weight is 1).
   static void delivered(Epoch& epoch,
                         std::uint64_t start_ns,
                         std::uint64_t now_ns,
                         std::size_t samples,
-                        std::uint32_t weight = 1) noexcept;
+                        std::uint32_t weight = 1,
+                        std::optional<std::uint64_t> total_ns = std::nullopt) noexcept;
   // The loop got a batch of `samples` (or an error) whose wait was not timed.
   static void counted(Epoch& epoch, std::size_t samples) noexcept;
   // The loop waited and found the end of the epoch. Warns once (stderr) when the workers kept

@@ -182,7 +182,7 @@ TEST(TimingStride, TimesEveryEventWhileEventsAreSlow) {
 TEST(TimingStride, FastEventsAreTimedOneInAStrideThatStandsForAllOfThemUntilOneIsSlow) {
   TimingStride stride;
   std::uint64_t t = 1'000'000;
-  std::uint64_t events = 0, represented = 0, timed = 0;
+  std::uint64_t events = 0, represented = 0, timed = 0, last_timed_end = 0;
   // 1 us events back to back: the stride doubles up to its bound.
   for (int i = 0; i < 10'000; ++i) {
     const bool due = stride.due();
@@ -190,18 +190,27 @@ TEST(TimingStride, FastEventsAreTimedOneInAStrideThatStandsForAllOfThemUntilOneI
     if (due) {
       represented += stride.timed(t, t + 1'000);
       ++timed;
+      last_timed_end = t + 1'000;
     }
     t += 1'000;
   }
   EXPECT_EQ(stride.stride(), TimingStride::kMaxStride);
   EXPECT_LT(timed, events / 50) << "most fast events are not timed";
+  // Events of 1 us back to back fill their stretch: tiled() says the same as scaled().
+  EXPECT_EQ(stride.tiled(1'000), stride.scaled(1'000));
   // What the timed events stand for is every event up to the last timed one.
   EXPECT_LE(represented, events);
   EXPECT_GT(represented + TimingStride::kMaxStride, events);
 
-  // One slow event among the timed ones: back to timing every event.
+  // One slow event among the timed ones (a preempted one, the untimed before it 1 us each): back
+  // to timing every event. It still stands for all 64 (counts stay exact), but its duration is
+  // estimated for them as the stretch they lie in (about 113 us), not 64 x 50 us = 3.2 ms.
   while (!stride.due()) t += 1'000;
+  const std::uint64_t stretch = t + 50'000 - last_timed_end;
   EXPECT_EQ(stride.timed(t, t + 50'000), TimingStride::kMaxStride);
+  EXPECT_EQ(stride.scaled(50'000), stretch) << "never more than the time that passed";
+  EXPECT_EQ(stride.scaled(25'000), stretch / 2) << "a part of it in proportion";
+  EXPECT_EQ(stride.tiled(50'000), stretch) << "events that fill the stretch end to end";
   t += 50'000;
   EXPECT_EQ(stride.stride(), 1u);
   EXPECT_TRUE(stride.due());
