@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -46,21 +47,47 @@ def config(folder, load_us):
     return path
 
 
+def tcp_store_works():
+    """Whether this torch can make the TCPStore torchrun's static rendezvous makes: Debian 13's
+    torch 2.6 cannot ("use_libuv was requested but PyTorch was build without libuv support")."""
+    try:
+        from torch.distributed import TCPStore
+        from datetime import timedelta
+        TCPStore("127.0.0.1", 0, 1, True, timedelta(seconds=10))
+        return True
+    except (RuntimeError, ImportError) as e:
+        print(f"torch's TCPStore: {e}; torchrun meets at a file store instead")
+        return False
+
+
+TCP_STORE = None
+
+
 def torchrun(n, folder):
     # --redirects/--tee 1: Debian's torch 1.13 on Python 3.11 parses only single-bit values
     # (IntFlag iterates no zero or multi-bit member), so its default of 0 fails every run.
     # --log_dir: a fresh folder inside ours (torchrun's default is a torchelastic_* in /tmp).
-    # The rendezvous goes through a file store of its own (the c10d backend's store_type=file):
-    # no port to pick or clash with another run of this test, and no TCPStore, which Debian 13's
-    # torch 2.6 cannot make ("use_libuv was requested but PyTorch was build without libuv
-    # support": every TCPStore torchrun makes asks for libuv). TORCH_DISABLE_SHARE_RDZV_TCP_STORE
-    # (set in main) keeps torch 2.x from starting a TCPStore for the workers after it.
+    # Where torch can make a TCPStore, the static rendezvous on 127.0.0.1 at a free port
+    # (--standalone's fixed localhost:29400 needs a resolvable "localhost" and clashes with
+    # another run of this test). Where it cannot (Debian 13's torch 2.6), the c10d rendezvous
+    # through a file store of its own, with TORCH_DISABLE_SHARE_RDZV_TCP_STORE (set in main)
+    # so that torch 2.x starts no TCPStore for the workers after it.
+    global TCP_STORE
+    if TCP_STORE is None:
+        TCP_STORE = tcp_store_works()
     logs = tempfile.mkdtemp(prefix="torchrun-", dir=folder)
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1",
+               f"--nproc_per_node={n}", "--redirects", "1", "--tee", "1", "--log_dir", logs,
+               "--no_python"]
+    if TCP_STORE:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        return command[:-1] + ["--master_addr=127.0.0.1", f"--master_port={port}", "--no_python"]
     store = os.path.join(logs, "rendezvous")
-    return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={n}",
-            "--rdzv_backend=c10d", f"--rdzv_endpoint={store}", "--rdzv_conf=store_type=file",
-            f"--rdzv_id={os.path.basename(logs)}", "--redirects", "1", "--tee", "1",
-            "--log_dir", logs, "--no_python"]
+    return command[:-1] + ["--rdzv_backend=c10d", f"--rdzv_endpoint={store}",
+                           "--rdzv_conf=store_type=file", f"--rdzv_id={os.path.basename(logs)}",
+                           "--no_python"]
 
 
 def mpirun(n):
