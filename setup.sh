@@ -24,9 +24,10 @@ jobs="$(nproc)"
 packages=(cmake g++ ninja-build libtorch-dev nlohmann-json3-dev libopencv-dev libjpeg-dev
           libpng-dev libtbb-dev libyaml-cpp-dev libcli11-dev)
 # The tests: GoogleTest; the vision tests compare against torchvision, run by Debian's Python;
-# the launcher test runs torchrun and mpirun.
+# the token tests' reference files are written with numpy; the launcher test runs torchrun and
+# mpirun.
 if [ "$mode" = test ]; then
-  packages+=(libgtest-dev libgmock-dev python3-torchvision python3-pil openmpi-bin)
+  packages+=(libgtest-dev libgmock-dev python3-torchvision python3-pil python3-numpy openmpi-bin)
 fi
 
 missing=()

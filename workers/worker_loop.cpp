@@ -28,6 +28,7 @@
 #include "collate/batch_layout.h"
 #include "core/timing_stride.h"
 #include "ipc/child_process.h"
+#include "ipc/mapped_file.h"
 #include "ipc/protocol.h"
 #include "workers/fetch.h"
 #include "workers/forker.h"
@@ -115,6 +116,11 @@ void on_fatal_signal(int signal, siginfo_t* info, void*) {
     static const char kLoading[] = " while loading index ";
     (void)!::write(STDERR_FILENO, kLoading, sizeof kLoading - 1);
     write_number(index);
+  }
+  // A memory-mapped file that shrank under a reader (a token file truncated while in use): which
+  // file, and where.
+  if (own && info != nullptr && (signal == SIGBUS || signal == SIGSEGV)) {
+    (void)ipc::describe_fault(info->si_addr, STDERR_FILENO);
   }
   (void)!::write(STDERR_FILENO, "\n", 1);
   ::signal(signal, SIG_DFL);  // re-raise, so the parent sees the real signal

@@ -17,6 +17,7 @@
 #include "ferry/sample_context.h"
 #include "ferry/sampler.h"
 #include "ferry/synthetic_dataset.h"
+#include "ferry/tokens.h"
 #include "ferry/transform.h"
 #include "ferry/version.h"
 #if defined(FERRY_HAS_VISION)

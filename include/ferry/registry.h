@@ -188,8 +188,9 @@ Config check_keys(const TypeInfo& info,
                   std::string_view what,
                   const std::vector<std::string>& ignore = {});
 
-/// Registers ferry's core types (the `synthetic` dataset, the samplers, `default` collate);
-/// idempotent. ferry::register_builtins (ferry/init.h) adds every component that was built.
+/// Registers ferry's core types (the `synthetic` dataset, the token datasets of ferry/tokens.h,
+/// the samplers, the `default`, `pad` and `pack` collates); idempotent. ferry::register_builtins
+/// (ferry/init.h) adds every component that was built.
 void register_core_types(Registry& registry);
 
 /// The spec of a collate function made by Registry::make_collate, or null.

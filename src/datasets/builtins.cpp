@@ -1,4 +1,5 @@
-// ferry's core types in the registry: the synthetic dataset, the samplers and default collate.
+// ferry's core types in the registry: the synthetic dataset, the samplers and default collate, and
+// (token_datasets.cpp) the token datasets and their collates.
 // Registered by an explicit call (ferry::register_builtins), never by static initializers.
 
 #include "ferry/collate.h"
@@ -6,6 +7,7 @@
 #include "ferry/registry.h"
 #include "ferry/sampler.h"
 #include "ferry/synthetic_dataset.h"
+#include "ferry/tokens.h"
 
 namespace ferry {
 
@@ -169,6 +171,7 @@ void register_core_types(Registry& r) {
                             "(torch.utils.data.default_collate)",
                  .builtin = true},
                 [](const Args&) -> CollateFn { return default_collate; });
+  register_token_types(r);  // npy, indexed, gpt, token_windows; pad and pack
 }
 
 }  // namespace ferry

@@ -1,5 +1,7 @@
 #include "loader/batch_message.h"
 
+#include <torch/version.h>
+
 #include <ATen/ATen.h>
 
 #include "ferry/error.h"
@@ -26,6 +28,11 @@ bool plain_dtype(std::int8_t code) {
     case c10::ScalarType::ComplexDouble:
     case c10::ScalarType::Bool:
     case c10::ScalarType::BFloat16:
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+    case c10::ScalarType::UInt16:  // token files' dtypes (LibTorch 2.3 and later)
+    case c10::ScalarType::UInt32:
+    case c10::ScalarType::UInt64:
+#endif
       return code >= 0;
     default:
       return false;

@@ -88,7 +88,7 @@ TEST(Registry, EveryBadNodeIsAConfigErrorNamingPathKeyAndFix) {
       },
       ThrowsMessage<ConfigError>(AllOf(HasSubstr("dataset.type: unknown dataset type "
                                                  "'constnat'; did you mean 'constant'?"),
-                                       HasSubstr("Registered: constant, synthetic"))));
+                                       HasSubstr("Registered: constant, gpt, indexed, npy, synthetic, token_windows."))));
   EXPECT_THAT(
       [&] {
         resolve(Config::map({{"type", "constant"}, {"size", 1}, {"vlaue", 2}}));
