@@ -4,9 +4,11 @@
 // one run; and the bytes ferry delivers against this machine's memcpy bandwidth, and its first
 // batch from a small and a large file. It reports; it never fails on a timing.
 //
-//   build/bench/ferry_token_bench                    # 2048 and 8192 tokens, batch 8 and 32, 0-2
-//   workers build/bench/ferry_token_bench --seq-lengths 2048 --batches 8 --workers 2 --seconds 3
-//   --repeat 3 build/bench/ferry_token_bench --no-peers --markdown
+// clang-format off
+//   build/bench/ferry_token_bench            # 2048 and 8192 tokens, batch 8 and 32, 0-2 workers
+//   build/bench/ferry_token_bench --seq-lengths 2048 --batches 8 --workers 2 --seconds 3 --repeat 3
+//   build/bench/ferry_token_bench --no-peers --markdown
+// clang-format on
 
 #include <stdio.h>  // popen
 

@@ -210,6 +210,7 @@ void* ExpectedBatch::find(std::size_t position,
         !std::equal(sizes.begin(), sizes.end(), f.sizes.begin() + 1)) {
       return nullptr;
     }
+    handed_out_.store(true, std::memory_order_relaxed);
     return base_ + f.offset + position * f.sample_bytes;
   }
   return nullptr;

@@ -1,8 +1,10 @@
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -77,16 +79,46 @@ class ExpectedBatch final : public ferry::detail::SampleOutputs {
   // the batch goes to other memory and this memory is only read.
   bool can_write(const std::vector<Example>& samples, const BatchLayout& actual) const;
 
+  // Whether find() gave any sample memory here (samples of this dataset build their tensors in
+  // place).
+  bool handed_out() const noexcept { return handed_out_.load(std::memory_order_relaxed); }
+
  private:
   BatchLayout layout_;
   std::byte* base_;
   std::size_t size_;
+  mutable std::atomic<bool> handed_out_{false};  // find() may run on several threads
 };
 
 class BufferPool;
 
 // The default collate: plans the samples, writes them into one buffer from `pool`, and views it.
 Batch collate_into(const std::vector<Example>& samples, BufferPool& pool);
+
+// The default collate in the calling thread (num_workers = 0), as a worker does it with its
+// segments: before a batch's samples load, expect() takes a buffer from `pool` laid out as the
+// previous batch was, so that samples build their tensors in it (SampleContext::output); then
+// collate() writes what is not in place yet, into that buffer when it may (ExpectedBatch::
+// can_write), else into another, and views it.
+class InPlaceCollator {
+ public:
+  explicit InPlaceCollator(BufferPool& pool) : pool_(pool) {}
+  // Where the next batch's `num_samples` samples may build their tensors; null before the first
+  // batch (no layout to expect yet).
+  const ferry::detail::SampleOutputs* expect(std::size_t num_samples);
+  Batch collate(const std::vector<Example>& samples);
+
+ private:
+  // A dataset whose samples took no memory from the expected buffer (they never call
+  // SampleContext::output) gains nothing from it and pays for taking it early: expect() then
+  // skips the next kProbeEvery - 1 batches, and tries again after.
+  static constexpr std::size_t kProbeEvery = 64;
+  BufferPool& pool_;
+  std::optional<BatchLayout> last_;
+  std::size_t skip_ = 0;
+  std::shared_ptr<void> buffer_;  // expect()'s buffer, until collate() takes or drops it
+  std::optional<ExpectedBatch> expected_;
+};
 
 // A Batch whose tensors view `base`; each keeps `owner` alive, so the memory lives as long as
 // the last tensor that points into it. String fields are taken from `samples`.

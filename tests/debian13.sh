@@ -7,7 +7,11 @@
 #   tests/debian13.sh              make or update the root, then ./setup.sh test inside it
 #   tests/debian13.sh shell        an interactive shell inside the root, in /ferry
 #   tests/debian13.sh run CMD...   CMD inside the root, in /ferry (after ./setup.sh test, the
-#                                  build is in /root/ferry-build)
+#                                  build is in $FERRY_BUILD_DIR there)
+#
+# Each checkout builds into a folder of its own inside the root (/root/ferry-builds/NAME-HASH,
+# from the checkout's path), since every checkout is seen at /ferry: two checkouts sharing one
+# build would let ninja take the other's newer objects for up to date.
 #
 # FERRY_DEBIAN13_ROOT    the root's folder (default ~/.cache/ferry/debian13; about 3 GB)
 # FERRY_DEBIAN_MIRROR    the Debian mirror (default http://deb.debian.org/debian)
@@ -15,7 +19,8 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
-checkout="$(pwd)"
+checkout="$(pwd -P)"
+build_dir="/root/ferry-builds/$(basename "$checkout")-$(printf %s "$checkout" | sha1sum | cut -c1-10)"
 root="${FERRY_DEBIAN13_ROOT:-$HOME/.cache/ferry/debian13}"
 mirror="${FERRY_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 ready_mark="$root/.ferry-root-ready"
@@ -85,12 +90,12 @@ cp -L /etc/resolv.conf "$root/etc/resolv.conf" 2>/dev/null || true
 in_root() {
   chroot "$root" /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM="${TERM:-dumb}" \
     PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-    FERRY_BUILD_DIR=/root/ferry-build "$@"
+    FERRY_BUILD_DIR="$build_dir" "$@"
 }
 
 case "$mode" in
   test)
-    echo "==> Debian 13: ./setup.sh test in $root"
+    echo "==> Debian 13: ./setup.sh test in $root (build: $build_dir)"
     in_root /bin/bash -c 'cd /ferry && ./setup.sh test'
     ;;
   shell) in_root /bin/bash -c 'cd /ferry && exec bash -i' ;;

@@ -225,13 +225,16 @@ Batch collate_samples(std::vector<Example> samples,
                       const CollateFn& collate_fn,
                       collate::BufferPool& pool,
                       std::uint64_t epoch,
-                      std::size_t sequence) {
+                      std::size_t sequence,
+                      collate::InPlaceCollator* in_place) {
   std::vector<std::int64_t> indices;
   indices.reserve(samples.size());
   for (const Example& s : samples) indices.push_back(s.index());
   Batch batch;
   if (collate_fn) {
     batch = collate_fn(std::move(samples));
+  } else if (in_place != nullptr) {
+    batch = in_place->collate(samples);
   } else {
     batch = collate::collate_into(samples, pool);
   }

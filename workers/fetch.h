@@ -15,6 +15,10 @@
 #include "ipc/protocol.h"
 #include "workers/worker_status.h"
 
+namespace ferry::collate {
+class InPlaceCollator;
+}  // namespace ferry::collate
+
 namespace ferry::workers {
 
 // Who is loading: the same task runs in the calling thread (num_workers = 0) or in a worker.
@@ -91,12 +95,14 @@ class StreamReader {
   bool ended_ = false;
 };
 
-// Collates with `collate_fn`, or the default collate into a buffer from `pool` when it is
-// empty, and stamps the batch's position and its samples' indices.
+// Collates with `collate_fn`, or the default collate when it is empty (with `in_place`, which
+// took the batch's buffer before its samples loaded, or into a buffer from `pool`), and stamps
+// the batch's position and its samples' indices.
 Batch collate_samples(std::vector<Example> samples,
                       const CollateFn& collate_fn,
                       collate::BufferPool& pool,
                       std::uint64_t epoch,
-                      std::size_t sequence);
+                      std::size_t sequence,
+                      collate::InPlaceCollator* in_place = nullptr);
 
 }  // namespace ferry::workers

@@ -20,7 +20,8 @@ InProcessMapEpoch::InProcessMapEpoch(std::shared_ptr<const LoaderState> state,
       progress_(state_, epoch, resume_),
       epoch_(epoch),
       plan_(plan_epoch(*state_, epoch)),
-      size_(state_->dataset->size()) {
+      size_(state_->dataset->size()),
+      in_place_(*state_->buffers) {
   progress_.set_batches(plan_.size());
   fetch_options_.threads = state_->options.worker_threads;
   fetch_options_.skip_errors = state_->options.on_error == OnError::kSkip;
@@ -37,15 +38,20 @@ std::optional<Batch> InProcessMapEpoch::next() {
     const std::size_t sequence = position_++;  // past this batch even if it fails
     progress_.consumed(sequence);              // the loop gets it, or its error
     const workers::WorkerIdentity who{0, 1, *state_->options.seed};
-    workers::FetchedBatch fetched = workers::fetch_batch(
-        *state_->dataset, size_, plan_.batch(sequence), epoch_, who, fetch_options_, nullptr);
+    const auto indices = plan_.batch(sequence);
+    // With the default collate, samples build their tensors straight in the batch's buffer (laid
+    // out as the previous batch was), as they do in a worker's segment.
+    fetch_options_.outputs = state_->collate_fn ? nullptr : in_place_.expect(indices.size());
+    workers::FetchedBatch fetched = workers::fetch_batch(*state_->dataset, size_, indices, epoch_,
+                                                         who, fetch_options_, nullptr);
+    fetch_options_.outputs = nullptr;
     state_->record_skipped(epoch_, fetched.skipped);
     if (fetched.samples.empty()) {  // every sample was skipped (see MultiProcessEpoch)
       if (state_->keep_empty_batches) return deliver_empty(epoch_, sequence, *state_);
       continue;
     }
     return deliver(workers::collate_samples(std::move(fetched.samples), state_->collate_fn,
-                                            *state_->buffers, epoch_, sequence),
+                                            *state_->buffers, epoch_, sequence, &in_place_),
                    *state_);
   }
 }

@@ -4,6 +4,7 @@
 #include <memory>
 #include <optional>
 
+#include "collate/batch_layout.h"
 #include "loader/epoch_iterator.h"
 #include "loader/loader_state.h"
 #include "workers/fetch.h"
@@ -26,6 +27,7 @@ class InProcessMapEpoch final : public EpochIterator {
   EpochPlan plan_;
   std::size_t size_;
   workers::FetchOptions fetch_options_;
+  collate::InPlaceCollator in_place_;  // the default collate's buffers, taken before loading
   std::size_t position_ = 0;
 };
 
