@@ -1,6 +1,7 @@
 // pad_collate and pack_collate (ferry/tokens.h): batches of variable-length token sequences.
 
 #include <algorithm>
+#include <limits>
 #include <set>
 #include <utility>
 
@@ -140,6 +141,11 @@ CollateFn pack_collate(PackOptions options) {
                                        torch::TensorOptions().dtype(dtype.value_or(torch::kInt64)));
     torch::Tensor positions = torch::zeros({rows, width}, torch::kInt64);
     torch::Tensor documents = torch::full({rows, width}, -1, torch::kInt32);
+    // cu_seqlens is int32, as FlashAttention takes it.
+    FERRY_CHECK(rows * width <= std::numeric_limits<std::int32_t>::max(), "pack: ", rows,
+                " rows of ", width,
+                " tokens are more positions than int32 cu_seqlens can hold; "
+                "use smaller batches or rows");
     std::vector<std::int32_t> starts;
     std::int64_t longest = 0;
     auto* position = positions.data_ptr<std::int64_t>();

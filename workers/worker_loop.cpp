@@ -120,7 +120,7 @@ void on_fatal_signal(int signal, siginfo_t* info, void*) {
   // A memory-mapped file that shrank under a reader (a token file truncated while in use): which
   // file, and where.
   if (own && info != nullptr && (signal == SIGBUS || signal == SIGSEGV)) {
-    (void)ipc::describe_fault(info->si_addr, STDERR_FILENO);
+    (void)ipc::describe_fault(info->si_addr, STDERR_FILENO, signal == SIGSEGV);
   }
   (void)!::write(STDERR_FILENO, "\n", 1);
   ::signal(signal, SIG_DFL);  // re-raise, so the parent sees the real signal

@@ -119,8 +119,8 @@ class GptDataset : public Dataset {
   std::vector<std::int64_t> window(std::size_t index) const;
   /// The three indices, as Megatron-LM builds them (or read from the cache).
   const tokens::GptIndices& indices() const noexcept { return *indices_; }
-  /// The hash ferry names its own cache files with: of the prefix, the .idx's size and the
-  /// options that decide the indices.
+  /// The hash ferry names its own cache files with: of the prefix, every sequence's length, the
+  /// .bin's size and the options that decide the indices.
   std::string cache_hash() const;
 
  private:

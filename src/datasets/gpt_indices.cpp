@@ -1,6 +1,7 @@
 #include "datasets/gpt_indices.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -85,6 +86,7 @@ nlohmann::json description_of(const std::string& prefix, const GptSpec& spec) {
   d["random_seed"] = spec.seed;
   d["sequence_length"] = spec.seq_length;
   d["add_extra_token_to_sequence"] = spec.add_extra_token;
+  if (!spec.files.empty()) d["ferry_files"] = spec.files;  // not Megatron's: ferry's own sets
   return d;
 }
 
@@ -104,7 +106,7 @@ std::string contradiction(const std::filesystem::path& file,
   if (!d.is_object()) return str(file.string(), " is not a JSON object");
   const nlohmann::json mine = description_of(prefix, spec);
   for (const char* key : {"index_split", "split", "num_samples", "random_seed", "sequence_length",
-                          "add_extra_token_to_sequence"}) {
+                          "add_extra_token_to_sequence", "ferry_files"}) {
     if (d.contains(key) && d[key] != mine[key]) {
       return str(key, " is ", d[key].dump(), " there, ", mine[key].dump(), " here");
     }
@@ -119,6 +121,14 @@ std::string contradiction(const std::filesystem::path& file,
 }
 
 }  // namespace
+
+std::string files_digest(const IndexedFile& file) {
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a over the lengths, a word at a time
+  for (std::size_t s = 0; s < file.sequences(); ++s) {
+    h = (h ^ static_cast<std::uint64_t>(file.length(s))) * 1099511628211ull;
+  }
+  return str(file.sequences(), ":", file.bin() ? file.bin()->size() : 0, ":", h);
+}
 
 std::uint64_t NumpyRandomState::interval(std::uint64_t max) {
   if (max == 0) return 0;
@@ -148,6 +158,9 @@ std::uint64_t NumpyRandomState::interval(std::uint64_t max) {
 IntArray IntArray::of(NpyArray array) {
   FERRY_CHECK(is_integer(array.element()), array.path(), ": an index array holds integers, not ",
               element_name(array.element()));
+  FERRY_CHECK(reinterpret_cast<std::uintptr_t>(array.data()) % element_size(array.element()) == 0,
+              array.path(), ": its data starts at an offset not aligned for ",
+              element_name(array.element()), " (a header length NumPy would not write)");
   IntArray a;
   a.data_ = array.data();
   a.size_ = array.count();
@@ -191,7 +204,15 @@ std::pair<std::size_t, std::size_t> split_range(const std::string& split,
   const std::regex number("[.0-9]+");
   for (auto it = std::sregex_iterator(split.begin(), split.end(), number);
        it != std::sregex_iterator(); ++it) {
-    weights.push_back(std::stod(it->str()));
+    // As Python's float() of the match: the whole of it, whatever the locale.
+    const std::string text = it->str();
+    double w = 0;
+    const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), w);
+    if (error != std::errc() || end != text.data() + text.size()) {
+      throw ConfigError(str("split='", split, "': '", text,
+                            "' is not a number; write the weights as 969,30,1 or 0.9,0.05,0.05"));
+    }
+    weights.push_back(w);
   }
   FERRY_CHECK(!weights.empty() && weights.size() <= 3, "split='", split,
               "': expected up to three weights for train, valid and test, such as 969,30,1");
@@ -234,6 +255,10 @@ GptIndices build_gpt_indices(const IndexedFile& file, const GptSpec& spec) {
   // when less than 80% of it is used).
   std::int64_t epochs = 1;
   if (spec.num_samples) {
+    FERRY_CHECK(*spec.num_samples <=
+                    static_cast<std::size_t>((std::numeric_limits<std::int64_t>::max() - X) / L),
+                "gpt: num_samples=", *spec.num_samples, " windows of ", L,
+                " tokens are more tokens than an int64 counts");
     const auto wanted = static_cast<std::int64_t>(*spec.num_samples) * L + X;
     for (std::int64_t tokens = tokens_per_epoch; tokens < wanted; tokens += tokens_per_epoch) {
       ++epochs;
@@ -326,6 +351,12 @@ std::optional<GptIndices> read_gpt_indices(const std::filesystem::path& folder,
       refused.push_back(str(h, " (", why, ")"));
     }
   }
+  for (const std::string& r : refused) {
+    if (r.rfind(hash + " (", 0) == 0) {  // the set asked for (or ferry's own) does not fit
+      throw ConfigError(str("gpt: the cached indices ", r, " in ", folder.string(),
+                            " are not this dataset's; remove them, or give another cache"));
+    }
+  }
   std::string chosen;
   if (std::find(candidates.begin(), candidates.end(), hash) != candidates.end()) {
     chosen = hash;  // ferry's own, or the one asked for
@@ -338,7 +369,6 @@ std::optional<GptIndices> read_gpt_indices(const std::filesystem::path& folder,
   } else {
     return std::nullopt;  // built here, and written under this dataset's own hash
   }
-  (void)refused;
   GptIndices out;
   const NpyArray documents =
       NpyArray::open(folder / index_file(chosen, spec.split_index, "document"));
@@ -364,7 +394,36 @@ std::optional<GptIndices> read_gpt_indices(const std::filesystem::path& folder,
                         " samples, fewer than num_samples=", *spec.num_samples,
                         "; they belong to another configuration"));
   }
-  (void)file;
+  // The indices must fit the .idx as it is now: the document index repeats the split's sequences
+  // a whole number of times, and the samples are the windows those epochs' tokens make. A cache
+  // of the same name built from other files (another tokenizer's) fails here, at open, rather
+  // than serving its windows from these files.
+  const auto [begin, end] = split_range(spec.split, spec.split_index, file.sequences());
+  const std::size_t split_sequences = end > begin ? end - begin : 0;
+  std::int64_t tokens_per_epoch = 0;
+  for (std::size_t d = begin; d < end; ++d) tokens_per_epoch += file.length(d);
+  const auto L = static_cast<std::int64_t>(spec.seq_length);
+  const std::int64_t X = spec.add_extra_token ? 1 : 0;
+  std::int64_t windows = -1;
+  std::int64_t epoch_tokens = 0;
+  const bool whole_epochs = split_sequences > 0 && out.document_index.size() % split_sequences == 0;
+  const auto epochs =
+      static_cast<std::int64_t>(whole_epochs ? out.document_index.size() / split_sequences : 0);
+  if (whole_epochs && !__builtin_mul_overflow(epochs, tokens_per_epoch, &epoch_tokens)) {
+    windows = (epoch_tokens - X) / L;
+  }
+  // Megatron adds one partial window to a validation or test split when it keeps the last
+  // partial sequence (drop_last_partial_validation_sequence = false).
+  const auto samples_now = static_cast<std::int64_t>(out.samples());
+  if (windows < 0 || (samples_now != windows && samples_now != windows + 1)) {
+    throw DataError(
+        str(folder.string(), ": the cached ", split_name(spec.split_index), " indices of ", chosen,
+            " (", out.document_index.size(), " document entries, ", samples_now,
+            " samples) do not fit ", file.prefix(), " as it is now (", split_sequences,
+            " sequences and ", tokens_per_epoch, " tokens in the split, ", windows, " windows of ",
+            L + X, " tokens in ", epochs,
+            " epochs): they were built from other files; remove them or give another cache"));
+  }
   return out;
 }
 

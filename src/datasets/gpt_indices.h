@@ -84,7 +84,15 @@ struct GptSpec {
   std::size_t seq_length = 0;
   std::optional<std::size_t> num_samples;  // none: one epoch
   bool add_extra_token = true;             // windows of seq_length + 1 tokens
+  // files_digest() of the files, where indices are cached: ferry's description of its own cached
+  // indices records it, and a set whose record differs was built from other files.
+  std::string files;
 };
+
+// A digest of what the indices depend on in the files: every sequence's length and the .bin's
+// size (a corpus tokenized again keeps its count of sequences, not their lengths). Reads the
+// whole length array.
+std::string files_digest(const IndexedFile& file);
 
 struct GptIndices {
   IntArray document_index;  // sequence ids, int32

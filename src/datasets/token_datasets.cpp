@@ -111,6 +111,7 @@ GptDataset::GptDataset(std::string prefix, Options options)
   spec.add_extra_token = options_.add_extra_token;
   std::optional<tokens::GptIndices> indices;
   if (!options_.cache.empty()) {
+    spec.files = tokens::files_digest(*file_);
     indices = tokens::read_gpt_indices(
         options_.cache, options_.cache_hash.empty() ? cache_hash() : options_.cache_hash, *file_,
         spec);
@@ -130,7 +131,7 @@ std::string GptDataset::cache_hash() const {
   // Not Megatron's hash (an MD5 of its configuration's JSON, tokenizer included): ferry's own
   // files carry this one; Megatron's are read whatever their hash.
   std::string text =
-      str(prefix_, '\n', file_->sequences(), '\n', options_.seq_length, '\n',
+      str(prefix_, '\n', tokens::files_digest(*file_), '\n', options_.seq_length, '\n',
           options_.num_samples ? std::to_string(*options_.num_samples) : "-", '\n', options_.seed,
           '\n', options_.split, '\n', options_.split_name, '\n', options_.add_extra_token);
   return "ferry" + hex64(fnv(text)).substr(0, 16) + std::string(11, '0');
@@ -174,6 +175,10 @@ void GptDataset::for_each_run(std::size_t index, Visit&& visit) const {
     const auto seq = static_cast<std::size_t>(sequence);
     const std::int64_t length = file_->length(seq);
     const std::int64_t from = p == first ? first_offset : 0;
+    if (p == last && (last_offset < 0 || last_offset > length)) {
+      throw bad(str("its window ends at token ", last_offset, " of sequence ", seq, " (", length,
+                    " tokens)"));
+    }
     const std::int64_t to = p == last ? last_offset + static_cast<std::int64_t>(extra) : length;
     if (from < 0 || to < from || to > length ||
         filled + static_cast<std::size_t>(to - from) > wanted) {

@@ -43,8 +43,10 @@ std::shared_ptr<const ipc::MappedFile> map(const std::filesystem::path& path, co
   try {
     return std::make_shared<const ipc::MappedFile>(ipc::MappedFile::open(path));
   } catch (const std::system_error& e) {
+    // e.what() names the call that failed (open, fstat or mmap) and the path.
     throw DataError(
-        str(what, " ", path.string(), ": cannot open: ", e.code().message(), "; check the path"));
+        str(what, " ", path.string(), ": ", e.what(),
+            e.code() == std::errc::no_such_file_or_directory ? "; check the path" : ""));
   }
 }
 

@@ -120,13 +120,21 @@ void MappedFile::reset() noexcept {
   size_ = 0;
 }
 
-bool describe_fault(const void* address, int fd) noexcept {
+bool describe_fault(const void* address, int fd, bool segv) noexcept {
   const auto at = reinterpret_cast<std::uintptr_t>(address);
   for (const Slot& s : g_slots) {
     const std::uintptr_t begin = s.begin.load(std::memory_order_acquire);
     if (begin == 0 || at < begin || at >= s.end.load(std::memory_order_relaxed)) continue;
     const char* path = s.path.load(std::memory_order_acquire);
     if (path == nullptr) continue;
+    if (segv) {  // a read-only mapping written to (a view of the file changed in place)
+      write_text(fd, " writing to the read-only mapping of ");
+      write_text(fd, path);
+      write_text(fd, " at offset ");
+      write_unsigned(fd, at - begin);
+      write_text(fd, " (samples that view a mapped file are read-only: clone() one to change it)");
+      return true;
+    }
     write_text(fd, " reading ");
     write_text(fd, path);
     write_text(fd, " at offset ");

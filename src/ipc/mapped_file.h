@@ -39,7 +39,8 @@ class MappedFile {
 
 /// Async-signal-safe: if `address` lies in a MappedFile of this process, writes
 /// " reading FILE at offset N (the file is shorter than when it was mapped: truncated or
-/// replaced while in use)" to `fd` and returns true; otherwise writes nothing.
-bool describe_fault(const void* address, int fd) noexcept;
+/// replaced while in use)" to `fd` (for a SIGBUS), or with `segv` " writing to the read-only
+/// mapping of FILE at offset N (...)", and returns true; otherwise writes nothing.
+bool describe_fault(const void* address, int fd, bool segv = false) noexcept;
 
 }  // namespace ferry::ipc

@@ -23,6 +23,7 @@
 
 #include "datasets/gpt_indices.h"
 #include "datasets/token_files.h"
+#include "ipc/mapped_file.h"
 #include "support/files.h"
 #include "support/timing.h"
 #include "tokens/reference.h"
@@ -113,6 +114,37 @@ TEST(Npy, TokensConvertToInt64OnRequestAndUnsignedKeepTheirValues) {
                    {.dtype = TokenDtype::kInt32});
       },
       ::testing::Not(::testing::Throws<ConfigError>()));
+}
+
+// What a worker's fatal-signal handler prints for an address in a mapped token file: a read past
+// a truncated end (SIGBUS), or a write to the read-only view (SIGSEGV).
+TEST(MappedFile, AFaultsAddressIsNamedAsFileAndOffsetReadOrWrite) {
+  const fs::path path = kRef / "nanogpt/train_u16.bin";
+  const ipc::MappedFile mapped = ipc::MappedFile::open(path);
+  ASSERT_GT(mapped.size(), 100u);
+  auto described = [&](const void* address, bool segv) {
+    int fds[2];
+    EXPECT_EQ(::pipe(fds), 0);
+    const bool found = ipc::describe_fault(address, fds[1], segv);
+    ::close(fds[1]);
+    std::string text;
+    char buffer[512];
+    for (ssize_t n; (n = ::read(fds[0], buffer, sizeof buffer)) > 0;) text.append(buffer, n);
+    ::close(fds[0]);
+    return std::make_pair(found, text);
+  };
+  const auto [read_found, read_text] = described(mapped.data() + 100, false);
+  EXPECT_TRUE(read_found);
+  EXPECT_THAT(read_text, HasSubstr("reading " + path.string() +
+                                   " at offset 100 (the file is "
+                                   "shorter than when it was mapped"));
+  const auto [write_found, write_text] = described(mapped.data() + 7, true);
+  EXPECT_TRUE(write_found);
+  EXPECT_THAT(write_text, HasSubstr("writing to the read-only mapping of " + path.string() +
+                                    " at offset 7 (samples that view a mapped file are "
+                                    "read-only: clone() one to change it)"));
+  int elsewhere = 0;
+  EXPECT_EQ(described(&elsewhere, true), std::make_pair(false, std::string()));
 }
 
 TEST(Npy, BadFilesAreDataErrorsNamingTheFileAndTheField) {
@@ -343,19 +375,84 @@ TEST(Gpt, ACacheOfAnotherConfigurationIsNeverTakenForThisOne) {
   o.cache.clear();
   const GptDataset fresh((kRef / (*a)["prefix"].get<std::string>()).string(), o);
   EXPECT_EQ(rebuilt.window(3), fresh.window(3));
-  // Without a description nothing says whose they are: read, and the first window that does
-  // not fit is a DataError that says where they came from.
+  // Without a description nothing says whose they are: they are taken, and found at open not
+  // to fit this .idx (their windows are not this split's tokens), a DataError saying so.
   fs::remove_all(scratch);
   fs::create_directories(scratch);
   for (const std::string& name : testing::names_in(cache)) {
     if (name.find("description") == std::string::npos) fs::copy(cache / name, scratch / name);
   }
   o.cache = scratch.string();
-  const GptDataset wrong((kRef / (*a)["prefix"].get<std::string>()).string(), o);
-  EXPECT_EQ(wrong.indices().num_epochs, 0u) << "read";
-  EXPECT_THAT([&] { (void)wrong.window(0); },
-              ::testing::ThrowsMessage<DataError>(HasSubstr("this dataset's")));
+  EXPECT_THAT([&] { (void)GptDataset((kRef / (*a)["prefix"].get<std::string>()).string(), o); },
+              ::testing::ThrowsMessage<DataError>(
+                  ::testing::AllOf(HasSubstr("do not fit"), HasSubstr(scratch.string()),
+                                   HasSubstr("they were built from other files"))));
   fs::remove_all(scratch);
+}
+
+// A corpus tokenized again keeps its sequences' count, not their lengths: ferry's own cached
+// indices of the old files are never read for the new ones (its hash covers every length),
+// and a set asked for by name that does not fit is a DataError at open.
+TEST(Gpt, IndicesCachedForOtherFilesOfTheSameNameAreNeverServed) {
+  const json* a = nullptr;
+  for (const json& c : manifest()["gpt"]) {
+    if (c["seq_length"] == 64 && c["add_extra_token"] == true) a = &c;
+  }
+  ASSERT_NE(a, nullptr);
+  const fs::path from = kRef / (*a)["prefix"].get<std::string>();
+  const fs::path dir =
+      fs::path(::testing::TempDir()) / ("ferry_gpt_retokenized_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir / "cache");
+  const std::string prefix = (dir / "corpus").string();
+  fs::copy(from.string() + ".idx", prefix + ".idx");
+  fs::copy(from.string() + ".bin", prefix + ".bin");
+  GptDataset::Options o = options_of(*a);
+  o.cache = (dir / "cache").string();
+  const GptDataset before(prefix, o);
+  const std::string old_hash = before.cache_hash();
+  ASSERT_FALSE(testing::names_in(dir / "cache").empty()) << "ferry wrote its indices";
+
+  // "Retokenized": the same number of sequences, the first two lengths moved by one token.
+  tokens::IndexedFile file = tokens::IndexedFile::open(prefix);
+  ASSERT_GT(file.sequences(), 2u);
+  const std::int64_t first = file.length(0);
+  const std::int64_t second = file.length(1);
+  {
+    std::fstream idx(prefix + ".idx", std::ios::in | std::ios::out | std::ios::binary);
+    // Megatron's .idx: 9 magic + 8 version + 1 dtype + 8 sequences + 8 documents, then int32
+    // lengths.
+    idx.seekp(34);
+    const std::int32_t moved[2] = {static_cast<std::int32_t>(first - 1),
+                                   static_cast<std::int32_t>(second + 1)};
+    idx.write(reinterpret_cast<const char*>(moved), sizeof moved);
+  }
+  // Megatron's pointers follow the lengths: the second sequence now starts a token earlier.
+  {
+    std::fstream idx(prefix + ".idx", std::ios::in | std::ios::out | std::ios::binary);
+    idx.seekg(34 + 4 * static_cast<std::streamoff>(file.sequences()) + 8);
+    std::int64_t pointer = 0;
+    idx.read(reinterpret_cast<char*>(&pointer), sizeof pointer);
+    pointer -= static_cast<std::int64_t>(tokens::element_size(file.element()));
+    idx.seekp(34 + 4 * static_cast<std::streamoff>(file.sequences()) + 8);
+    idx.write(reinterpret_cast<const char*>(&pointer), sizeof pointer);
+  }
+  const GptDataset after(prefix, o);
+  EXPECT_NE(after.cache_hash(), old_hash);
+  GptDataset::Options fresh_options = o;
+  fresh_options.cache.clear();
+  const GptDataset fresh(prefix, fresh_options);
+  ASSERT_EQ(after.size(), fresh.size());
+  for (std::size_t i = 0; i < after.size(); ++i) {
+    ASSERT_EQ(after.window(i), fresh.window(i)) << "sample " << i;
+  }
+  // The old set asked for by name: its description records other files.
+  o.cache_hash = old_hash;
+  EXPECT_THAT(
+      [&] { (void)GptDataset(prefix, o); },
+      ::testing::ThrowsMessage<ConfigError>(::testing::AllOf(
+          HasSubstr(old_hash), HasSubstr("ferry_files"), HasSubstr("are not this dataset's"))));
+  fs::remove_all(dir);
 }
 
 TEST(NumpyRandomState, ShufflesAsNumPysLegacyGeneratorDoes) {
@@ -369,6 +466,22 @@ TEST(NumpyRandomState, ShufflesAsNumPysLegacyGeneratorDoes) {
     for (int i = 0; i < 10; ++i) v[static_cast<std::size_t>(i)] = i;
     random.shuffle(v.data(), v.size());
     EXPECT_EQ(v, want) << "seed " << seed;
+  }
+}
+
+TEST(Gpt, ASplitThatIsNotNumbersIsAConfigErrorNamingIt) {
+  const json& c = manifest()["gpt"][0];
+  GptDataset::Options o = options_of(c);
+  for (const std::string split : {"1,.,1", "1.2.3,1", "9,a"}) {
+    o.split = split;
+    if (split == "9,a") {  // Megatron reads the numbers in it: 9 and nothing, all train
+      EXPECT_NO_THROW((void)GptDataset((kRef / c["prefix"].get<std::string>()).string(), o));
+      continue;
+    }
+    EXPECT_THAT([&] { (void)GptDataset((kRef / c["prefix"].get<std::string>()).string(), o); },
+                ::testing::ThrowsMessage<ConfigError>(::testing::AllOf(
+                    HasSubstr("split='" + split + "'"), HasSubstr("not a number"))))
+        << split;
   }
 }
 
