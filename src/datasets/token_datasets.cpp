@@ -4,6 +4,7 @@
 #include <cstring>
 #include <functional>
 #include <iomanip>
+#include <limits>
 #include <sstream>
 
 #include "ferry/error.h"
@@ -101,7 +102,23 @@ GptDataset::GptDataset(std::string prefix, Options options)
   FERRY_CHECK(options_.eod_token || !(options_.eod_mask_loss || options_.reset_position_ids ||
                                       options_.reset_attention_mask),
               "gpt: eod_mask_loss, reset_position_ids and reset_attention_mask need eod_token");
-  (void)tokens::delivered_dtype(file_->element(), options_.dtype);
+  const torch::ScalarType delivered = tokens::delivered_dtype(file_->element(), options_.dtype);
+  if (options_.labels && !options_.add_extra_token) {
+    // The last label is pad_token, in the labels' dtype: a value it cannot hold would wrap.
+    std::int64_t lowest = std::numeric_limits<std::int64_t>::min();
+    std::int64_t highest = std::numeric_limits<std::int64_t>::max();
+    if (delivered == torch::kInt32) {
+      lowest = std::numeric_limits<std::int32_t>::min();
+      highest = std::numeric_limits<std::int32_t>::max();
+    } else if (c10::elementSize(delivered) < 8 && !c10::isSignedType(delivered)) {
+      lowest = 0;
+      highest = (std::int64_t{1} << (8 * c10::elementSize(delivered))) - 1;
+    }
+    FERRY_CHECK(options_.pad_token >= lowest && options_.pad_token <= highest,
+                "gpt: pad_token=", options_.pad_token, " does not fit the labels' dtype (",
+                c10::toString(delivered), ", from ", prefix_,
+                "); use a token id in range, or dtype: int64");
+  }
   tokens::GptSpec spec;
   spec.split = options_.split;
   spec.split_index = split_index_of(options_.split_name);

@@ -469,6 +469,27 @@ TEST(NumpyRandomState, ShufflesAsNumPysLegacyGeneratorDoes) {
   }
 }
 
+// Without the extra token the last label is pad_token, in the labels' dtype (uint16 where
+// LibTorch has it, int32 on 1.13): one it cannot hold is a ConfigError, not a wrapped value.
+TEST(Gpt, APadTokenTheLabelsCannotHoldIsAConfigError) {
+  const json* c = nullptr;
+  for (const json& g : manifest()["gpt"]) {
+    if (g["add_extra_token"] == false) c = &g;
+  }
+  ASSERT_NE(c, nullptr);
+  const std::string prefix = (kRef / (*c)["prefix"].get<std::string>()).string();
+  GptDataset::Options o = options_of(*c);
+  o.pad_token = std::int64_t{1} << 40;
+  EXPECT_THAT([&] { (void)GptDataset(prefix, o); },
+              ::testing::ThrowsMessage<ConfigError>(::testing::AllOf(
+                  HasSubstr("pad_token=1099511627776 does not fit"), HasSubstr(prefix))));
+  o.dtype = TokenDtype::kInt64;  // int64 labels hold it
+  const GptDataset wide(prefix, o);
+  SampleContext ctx(0, 0, 0);
+  const Example ex = wide.get(0, ctx);
+  EXPECT_EQ(ex["labels"].tensor()[-1].item<std::int64_t>(), std::int64_t{1} << 40);
+}
+
 TEST(Gpt, ASplitThatIsNotNumbersIsAConfigErrorNamingIt) {
   const json& c = manifest()["gpt"][0];
   GptDataset::Options o = options_of(c);
