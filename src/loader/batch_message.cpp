@@ -1,8 +1,7 @@
 #include "loader/batch_message.h"
 
-#include <torch/version.h>
-
 #include <ATen/ATen.h>
+#include <torch/version.h>
 
 #include "ferry/error.h"
 

@@ -86,9 +86,10 @@ TEST(Registry, EveryBadNodeIsAConfigErrorNamingPathKeyAndFix) {
       [&] {
         resolve(Config::map({{"type", "constnat"}, {"size", 1}}));
       },
-      ThrowsMessage<ConfigError>(AllOf(HasSubstr("dataset.type: unknown dataset type "
-                                                 "'constnat'; did you mean 'constant'?"),
-                                       HasSubstr("Registered: constant, gpt, indexed, npy, synthetic, token_windows."))));
+      ThrowsMessage<ConfigError>(
+          AllOf(HasSubstr("dataset.type: unknown dataset type "
+                          "'constnat'; did you mean 'constant'?"),
+                HasSubstr("Registered: constant, gpt, indexed, npy, synthetic, token_windows."))));
   EXPECT_THAT(
       [&] {
         resolve(Config::map({{"type", "constant"}, {"size", 1}, {"vlaue", 2}}));

@@ -13,16 +13,14 @@
 
 namespace ferry::test {
 
-inline const std::filesystem::path& token_reference_dir() {
-  static const std::filesystem::path dir = FERRY_TOKEN_REF_DIR;
-  return dir;
-}
+// Where the script wrote them (FERRY_TOKEN_REF_DIR, set by tests/CMakeLists.txt).
+inline const std::filesystem::path kRef = FERRY_TOKEN_REF_DIR;
 
 // manifest.json: what the script wrote, with the values NumPy and the Python construction of
 // Megatron-LM's indices gave.
-inline const nlohmann::json& token_manifest() {
+inline const nlohmann::json& manifest() {
   static const nlohmann::json m = [] {
-    std::ifstream in(token_reference_dir() / "manifest.json");
+    std::ifstream in(kRef / "manifest.json");
     return nlohmann::json::parse(in);
   }();
   return m;

@@ -34,10 +34,9 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 using ::testing::HasSubstr;
 
-const fs::path& kRef = test::token_reference_dir();
-const json& manifest() { return test::token_manifest(); }
 using test::ints_of;
-
+using test::kRef;
+using test::manifest;
 
 const json& gpt_case(std::size_t seq_length) {
   for (const json& c : manifest()["gpt"]) {

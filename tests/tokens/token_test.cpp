@@ -35,9 +35,9 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 using ::testing::HasSubstr;
 
-const fs::path& kRef = test::token_reference_dir();
-const json& manifest() { return test::token_manifest(); }
 using test::ints_of;
+using test::kRef;
+using test::manifest;
 
 std::string lower(std::string s) {
   for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
