@@ -30,6 +30,7 @@
 #include "ipc/child_process.h"
 #include "ipc/mapped_file.h"
 #include "ipc/protocol.h"
+#include "ipc/signal_safe.h"
 #include "workers/fetch.h"
 #include "workers/forker.h"
 #include "workers/segment_pool.h"
@@ -59,14 +60,7 @@ std::uint64_t clock_ns(clockid_t clock) {
 std::uint64_t now_ns() { return clock_ns(CLOCK_MONOTONIC); }
 
 void write_number(std::int64_t v) {
-  char digits[24];
-  std::size_t n = 0;
-  if (v < 0) v = 0;
-  do {
-    digits[sizeof digits - 1 - n++] = static_cast<char>('0' + v % 10);
-    v /= 10;
-  } while (v > 0 && n < sizeof digits);
-  (void)!::write(STDERR_FILENO, digits + sizeof digits - n, n);
+  ipc::write_decimal(STDERR_FILENO, static_cast<std::uint64_t>(std::max<std::int64_t>(v, 0)));
 }
 
 void on_sample_timeout(int) {

@@ -13,6 +13,7 @@
 #include <mutex>
 
 #include "ipc/output_relay.h"
+#include "ipc/signal_safe.h"
 #include "workers/forker.h"
 #include "workers/worker_status.h"
 
@@ -96,11 +97,7 @@ struct Text {  // async-signal-safe formatting into a fixed buffer
   void add(const char* s) { add(s, std::strlen(s)); }
   void add(std::uint64_t v) {
     char digits[24];
-    std::size_t n = 0;
-    do {
-      digits[sizeof digits - 1 - n++] = static_cast<char>('0' + v % 10);
-      v /= 10;
-    } while (v > 0);
+    const std::size_t n = ipc::format_decimal(v, digits);
     add(digits + sizeof digits - n, n);
   }
 };

@@ -126,6 +126,7 @@ class GptDataset : public Dataset {
  private:
   template <class Visit>
   void for_each_run(std::size_t index, Visit&& visit) const;
+  std::string hash_of_cache(const std::string& files_digest) const;
   std::shared_ptr<const tokens::IndexedFile> file_;
   std::shared_ptr<const tokens::GptIndices> indices_;
   Options options_;

@@ -26,6 +26,7 @@
 #include "ferry/vision.h"
 
 #include "config/components.h"
+#include "core/hash.h"
 
 namespace ferry::cli {
 
@@ -168,14 +169,6 @@ std::string relative_name(const std::string& path, const fs::path& root) {
   return contained(rel);
 }
 
-std::uint64_t fnv1a(std::uint64_t h, std::string_view s) {
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
 Job read_job(const PreprocessOptions& options) {
   register_builtins();
   Job job;
@@ -290,7 +283,7 @@ Job read_job(const PreprocessOptions& options) {
   // Names (the tree's layout and each sample's .json) and labels.
   const std::size_t n = job.input->size();
   job.names.reserve(n);
-  std::uint64_t items_hash = 14695981039346656037ull;
+  std::uint64_t items_hash = detail::kFnvOffset;
   if (const auto* folder = dynamic_cast<const vision::ImageFolder*>(job.input.get())) {
     job.classes = folder->classes();
     for (const auto& item : folder->items())
@@ -311,7 +304,7 @@ Job read_job(const PreprocessOptions& options) {
       job.names.push_back(contained(sample.key + "." + ext));
     }
   }
-  for (const std::string& name : job.names) items_hash = fnv1a(items_hash, name + "\n");
+  for (const std::string& name : job.names) items_hash = detail::fnv1a(name + "\n", items_hash);
   if (const auto* folder = dynamic_cast<const vision::ImageFolder*>(job.input.get())) {
     const fs::path root = fs::absolute(folder->root()).lexically_normal();
     const fs::path rel = job.out.lexically_relative(root);
@@ -348,11 +341,7 @@ Job read_job(const PreprocessOptions& options) {
                   {"input_names_hash", str(std::hex, items_hash)},
                   // Another encoder may write other bytes for the same pixels.
                   {"encoder", str("ferry ", FERRY_VERSION, ", OpenCV ", CV_VERSION)}};
-  char hex[17];
-  std::snprintf(
-      hex, sizeof hex, "%016llx",
-      static_cast<unsigned long long>(fnv1a(14695981039346656037ull, job.settings.dump())));
-  job.fingerprint = hex;
+  job.fingerprint = detail::hex64(detail::fnv1a(job.settings.dump()));
   return job;
 }
 

@@ -5,6 +5,8 @@
 
 #include "ferry/error.h"
 
+#include "core/hash.h"
+
 namespace ferry {
 
 namespace {
@@ -263,14 +265,7 @@ std::string Config::to_text() const {
 
 Config Config::parse_text(std::string_view text) { return TextParser(text).parse_all(); }
 
-std::uint64_t Config::hash() const {
-  std::uint64_t h = 14695981039346656037ull;
-  for (const char c : to_text()) {
-    h ^= static_cast<unsigned char>(c);
-    h *= 1099511628211ull;
-  }
-  return h;
-}
+std::uint64_t Config::hash() const { return detail::fnv1a(to_text()); }
 
 bool operator==(const Config& a, const Config& b) {
   return a.kind_ == b.kind_ && a.scalar_ == b.scalar_ && a.items_ == b.items_ &&

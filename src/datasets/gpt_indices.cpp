@@ -12,6 +12,7 @@
 
 #include "ferry/error.h"
 
+#include "core/hash.h"
 #include "ipc/files.h"
 
 namespace ferry::tokens {
@@ -123,9 +124,10 @@ std::string contradiction(const std::filesystem::path& file,
 }  // namespace
 
 std::string files_digest(const IndexedFile& file) {
-  std::uint64_t h = 1469598103934665603ull;  // FNV-1a over the lengths, a word at a time
+  // FNV-1a over the lengths, a length at a time (a byte at a time is 8x the work, for nothing).
+  std::uint64_t h = detail::kFnvOffset;
   for (std::size_t s = 0; s < file.sequences(); ++s) {
-    h = (h ^ static_cast<std::uint64_t>(file.length(s))) * 1099511628211ull;
+    h = (h ^ static_cast<std::uint64_t>(file.length(s))) * detail::kFnvPrime;
   }
   return str(file.sequences(), ":", file.bin() ? file.bin()->size() : 0, ":", h);
 }

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
-#include <iomanip>
 #include <limits>
 #include <sstream>
 
@@ -11,6 +10,7 @@
 #include "ferry/registry.h"
 #include "ferry/tokens.h"
 
+#include "core/hash.h"
 #include "datasets/gpt_indices.h"
 #include "datasets/token_files.h"
 
@@ -20,18 +20,6 @@ namespace {
 
 using detail::str;
 using tokens::Element;
-
-std::string hex64(std::uint64_t v) {
-  std::ostringstream out;
-  out << std::hex << std::setw(16) << std::setfill('0') << v;
-  return out.str();
-}
-
-// FNV-1a, for cache file names (not for security).
-std::uint64_t fnv(std::string_view text, std::uint64_t h = 1469598103934665603ULL) {
-  for (const char c : text) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ULL;
-  return h;
-}
 
 int split_index_of(const std::string& name) {
   if (name == "train") return 0;
@@ -127,16 +115,17 @@ GptDataset::GptDataset(std::string prefix, Options options)
   spec.num_samples = options_.num_samples;
   spec.add_extra_token = options_.add_extra_token;
   std::optional<tokens::GptIndices> indices;
+  std::string own_hash;  // the digest reads every length: once
   if (!options_.cache.empty()) {
     spec.files = tokens::files_digest(*file_);
+    own_hash = hash_of_cache(spec.files);
     indices = tokens::read_gpt_indices(
-        options_.cache, options_.cache_hash.empty() ? cache_hash() : options_.cache_hash, *file_,
-        spec);
+        options_.cache, options_.cache_hash.empty() ? own_hash : options_.cache_hash, *file_, spec);
   }
   if (!indices) {
     indices = tokens::build_gpt_indices(*file_, spec);
     if (!options_.cache.empty()) {
-      tokens::write_gpt_indices(options_.cache, cache_hash(), prefix_, spec, *indices);
+      tokens::write_gpt_indices(options_.cache, own_hash, prefix_, spec, *indices);
     }
   }
   indices_ = std::make_shared<const tokens::GptIndices>(std::move(*indices));
@@ -144,14 +133,16 @@ GptDataset::GptDataset(std::string prefix, Options options)
 
 std::size_t GptDataset::size() const { return indices_->samples(); }
 
-std::string GptDataset::cache_hash() const {
+std::string GptDataset::cache_hash() const { return hash_of_cache(tokens::files_digest(*file_)); }
+
+std::string GptDataset::hash_of_cache(const std::string& files_digest) const {
   // Not Megatron's hash (an MD5 of its configuration's JSON, tokenizer included): ferry's own
   // files carry this one; Megatron's are read whatever their hash.
   std::string text =
-      str(prefix_, '\n', tokens::files_digest(*file_), '\n', options_.seq_length, '\n',
+      str(prefix_, '\n', files_digest, '\n', options_.seq_length, '\n',
           options_.num_samples ? std::to_string(*options_.num_samples) : "-", '\n', options_.seed,
           '\n', options_.split, '\n', options_.split_name, '\n', options_.add_extra_token);
-  return "ferry" + hex64(fnv(text)).substr(0, 16) + std::string(11, '0');
+  return "ferry" + detail::hex64(detail::fnv1a(text)).substr(0, 16) + std::string(11, '0');
 }
 
 // The runs of tokens sample `index`'s window is made of, in order: `visit(source, count, at)` for

@@ -14,6 +14,7 @@
 #include <system_error>
 #include <utility>
 
+#include "ipc/signal_safe.h"
 #include "ipc/unique_fd.h"
 
 namespace ferry::ipc {
@@ -51,18 +52,6 @@ void free_slot(int slot) noexcept {
   s.begin.store(0, std::memory_order_release);
   s.end.store(0, std::memory_order_relaxed);
   s.path.store(nullptr, std::memory_order_release);
-}
-
-void write_text(int fd, const char* text) noexcept { (void)!::write(fd, text, std::strlen(text)); }
-
-void write_unsigned(int fd, std::uint64_t v) noexcept {
-  char digits[24];
-  std::size_t n = 0;
-  do {
-    digits[sizeof digits - 1 - n++] = static_cast<char>('0' + v % 10);
-    v /= 10;
-  } while (v > 0 && n < sizeof digits);
-  (void)!::write(fd, digits + sizeof digits - n, n);
 }
 
 }  // namespace
@@ -131,14 +120,14 @@ bool describe_fault(const void* address, int fd, bool segv) noexcept {
       write_text(fd, " writing to the read-only mapping of ");
       write_text(fd, path);
       write_text(fd, " at offset ");
-      write_unsigned(fd, at - begin);
+      write_decimal(fd, at - begin);
       write_text(fd, " (samples that view a mapped file are read-only: clone() one to change it)");
       return true;
     }
     write_text(fd, " reading ");
     write_text(fd, path);
     write_text(fd, " at offset ");
-    write_unsigned(fd, at - begin);
+    write_decimal(fd, at - begin);
     write_text(fd,
                " (the file is shorter than when it was mapped: truncated or replaced while in "
                "use)");

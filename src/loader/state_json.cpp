@@ -1,6 +1,6 @@
 #include "loader/state_json.h"
 
-#include <cstdio>
+#include "core/hash.h"
 
 namespace ferry::detail::state_json {
 
@@ -64,15 +64,7 @@ template std::string get<std::string>(const Json&, std::string_view, const char*
 template Json get<Json>(const Json&, std::string_view, const char*);
 
 std::string fingerprint(const void* data, std::size_t bytes) {
-  std::uint64_t h = 14695981039346656037ull;
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (std::size_t i = 0; i < bytes; ++i) {
-    h ^= p[i];
-    h *= 1099511628211ull;
-  }
-  char out[17];
-  std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(h));
-  return out;
+  return detail::hex64(detail::fnv1a(data, bytes));
 }
 
 namespace {
