@@ -11,6 +11,9 @@
    epoch is delivered exactly once.
 3. `ferry preprocess` under `mpirun -np 3` and torchrun with 3 ranks: each rank writes its own
    shards into the shared folder, and the union is byte for byte what one process writes.
+4. A language-model job: a `gpt` dataset over a Megatron indexed dataset this script writes, under
+   torchrun (2 ranks) and mpirun (3 ranks): each rank's samples are PyTorch's DistributedSampler's
+   for that rank over the dataset's windows, and together they are every window.
 
 Usage: launchers_test.py FERRY_BINARY
 """
@@ -154,6 +157,55 @@ def check_ranks(name, dumps, world):
     print(f"{name}: {world} ranks, {counts.pop()} batches each, equal to PyTorch's, disjoint")
 
 
+def write_indexed(prefix, lengths, seed):
+    """Megatron's indexed dataset (MMIDIDX version 1, uint16 tokens): PREFIX.idx and PREFIX.bin,
+    one document per sequence."""
+    import struct
+    import numpy as np
+    rng = np.random.RandomState(seed)
+    tokens = [rng.randint(0, 50000, size=n).astype("<u2") for n in lengths]
+    pointers = np.concatenate([[0], np.cumsum([2 * n for n in lengths])[:-1]]).astype("<i8")
+    with open(prefix + ".bin", "wb") as f:
+        for t in tokens:
+            f.write(t.tobytes())
+    with open(prefix + ".idx", "wb") as f:
+        f.write(b"MMIDIDX\x00\x00" + struct.pack("<Q", 1) + struct.pack("<B", 8))
+        f.write(struct.pack("<Q", len(lengths)) + struct.pack("<Q", len(lengths) + 1))
+        f.write(np.asarray(lengths, dtype="<i4").tobytes() + pointers.tobytes())
+        f.write(np.arange(len(lengths) + 1, dtype="<i8").tobytes())
+
+
+def gpt_under_launchers(ferry, folder, env):
+    seq_length = 16
+    lengths = [5 + (37 * d) % 90 for d in range(60)]
+    prefix = os.path.join(folder, "tokens")
+    write_indexed(prefix, lengths, 3)
+    # One epoch of the train split, which holds every document: Megatron's
+    # (tokens - add_extra_token) // seq_length windows.
+    windows = (sum(lengths) - 1) // seq_length
+    job = os.path.join(folder, "gpt.yaml")
+    with open(job, "w") as f:
+        f.write(f"dataset: {{type: gpt, prefix: {prefix}, seq_length: {seq_length}, seed: 11, "
+                "split: '1,0,0'}\n"
+                f"sampler: {{type: distributed, seed: {SEED}}}\n"
+                "loader: {batch_size: 4, num_workers: 1}\n")
+    for name, world, launcher in (("torchrun", 2, torchrun(2, folder)), ("mpirun", 3, mpirun(3))):
+        dump = os.path.join(folder, f"gpt-{name}-{{rank}}.jsonl")
+        run(launcher + [ferry, "run", job, "--dump-indices", dump], env)
+        dumps = [read_dump(dump.format(rank=r)) for r in range(world)]
+        assert len({len(d) for d in dumps}) == 1, f"gpt {name}: ranks yield different batch counts"
+        everything = []
+        for rank, batches in enumerate(dumps):
+            got = [i for b in batches for i in b["indices"]]
+            sampler = DistributedSampler(range(windows), num_replicas=world, rank=rank,
+                                         shuffle=True, seed=SEED)
+            assert got == list(sampler), f"gpt {name}: rank {rank} differs from PyTorch's"
+            everything += got
+        assert sorted(set(everything)) == list(range(windows)), f"gpt {name}: windows missing"
+        print(f"gpt under {name}: {world} ranks, {windows} windows of {seq_length + 1} tokens, "
+              "each rank PyTorch's DistributedSampler split")
+
+
 def run(command, env=None, **kwargs):
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, **kwargs)
     if result.returncode != 0:
@@ -209,6 +261,7 @@ def main():
     env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # see torchrun() (torch 1.13 ignores it)
     try:
         preprocess_under_launchers(ferry, folder, env)
+        gpt_under_launchers(ferry, folder, env)
         fast = config(folder, 0)
         for name, launcher in (("torchrun", torchrun(4, folder)), ("mpirun", mpirun(4))):
             dump = os.path.join(folder, name + "-{rank}.jsonl")

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <map>
 #include <numeric>
 #include <set>
 #include <sstream>
@@ -185,6 +186,81 @@ TEST(TokenDistributed, RanksSplitTheGptSamples) {
   }
   EXPECT_EQ(all.size(), dataset->size());
   EXPECT_LT(total - all.size(), 3u) << "PyTorch's padding only";
+}
+
+// An elastic job: 4 ranks take 3 batches each and save; the job comes back on 3 ranks from rank
+// 0's state. Across both runs every Megatron sample is delivered once (plus the padding a
+// DistributedSampler adds at the new world size), each as Megatron's tokens, and every resumed
+// rank yields the same number of batches.
+TEST(TokenDistributed, AGptEpochResumedAtAnotherWorldSizeDeliversTheRestOnce) {
+  const json& c = gpt_case(64);
+  auto dataset = gpt_of(c);
+  const std::size_t n = dataset->size();
+  const auto ids = c["sample_ids"].get<std::vector<std::size_t>>();
+  const auto samples = c["samples"].get<std::vector<std::vector<std::int64_t>>>();
+  std::map<std::int64_t, int> times;
+  std::size_t checked = 0;
+  auto take = [&](Batch& batch) {
+    for (std::size_t r = 0; r < batch.size(); ++r) {
+      const std::int64_t index = batch.indices()[r];
+      ++times[index];
+      const auto at = std::find(ids.begin(), ids.end(), static_cast<std::size_t>(index));
+      if (at == ids.end()) continue;
+      const auto& text = samples[static_cast<std::size_t>(at - ids.begin())];
+      ASSERT_EQ(ints_of(batch["tokens"][static_cast<std::int64_t>(r)]),
+                std::vector<std::int64_t>(text.begin(), text.begin() + 64));
+      ++checked;
+    }
+  };
+  auto sampler_for = [&](std::size_t world, std::size_t rank) {
+    return std::make_shared<DistributedSampler>(
+        n, DistributedSampler::Options{.num_replicas = world, .rank = rank, .seed = 5});
+  };
+  const DataLoaderOptions options{.batch_size = 4, .num_workers = 2, .seed = 1};
+  std::string state;
+  std::size_t consumed = 0;
+  for (std::size_t rank = 0; rank < 4; ++rank) {
+    DataLoader loader(dataset, options, sampler_for(4, rank));
+    int taken = 0;
+    for (auto& batch : loader) {
+      take(batch);
+      consumed += batch.size();
+      if (++taken == 3) {
+        if (rank == 0) state = loader.state();
+        break;
+      }
+    }
+  }
+  ASSERT_EQ(consumed, 4u * 3 * 4);
+  std::vector<std::size_t> counts;
+  std::size_t rest = 0;
+  for (std::size_t rank = 0; rank < 3; ++rank) {
+    DataLoader loader(gpt_of(c), {.batch_size = 4, .num_workers = 1, .seed = 1},
+                      sampler_for(3, rank));
+    loader.load_state(state);
+    std::size_t batches = 0;
+    for (auto& batch : loader) {
+      ASSERT_EQ(batch.epoch(), 0u);
+      take(batch);
+      rest += batch.size();
+      ++batches;
+    }
+    counts.push_back(batches);
+  }
+  EXPECT_EQ(std::count(counts.begin(), counts.end(), counts.front()), 3)
+      << "ranks yield different numbers of batches";
+  const std::size_t remaining = n - consumed;
+  EXPECT_EQ(rest, (remaining + 2) / 3 * 3);
+  std::size_t missing = 0;
+  std::size_t repeated = 0;
+  for (std::int64_t i = 0; i < static_cast<std::int64_t>(n); ++i) {
+    missing += times[i] == 0;
+    repeated += times[i] > 1 ? static_cast<std::size_t>(times[i] - 1) : 0;
+  }
+  EXPECT_EQ(missing, 0u);
+  EXPECT_EQ(repeated, rest - remaining) << "the padding, and nothing more";
+  EXPECT_EQ(times.size(), n) << "an index outside the dataset";
+  EXPECT_GT(checked, 0u) << "no delivered sample was among Megatron's reference samples";
 }
 
 // Variable-length sequences of an indexed dataset, padded or packed, through workers.
