@@ -22,12 +22,14 @@ esac
 build_dir="${FERRY_BUILD_DIR:-build}"
 jobs="$(nproc)"
 packages=(cmake g++ ninja-build libtorch-dev nlohmann-json3-dev libopencv-dev libjpeg-dev
-          libpng-dev libtbb-dev libyaml-cpp-dev libcli11-dev)
+          libpng-dev libtbb-dev libyaml-cpp-dev libcli11-dev libcurl4-openssl-dev)
 # The tests: GoogleTest; the vision tests compare against torchvision, run by Debian's Python;
 # the token tests' reference files are written with numpy; the launcher test runs torchrun and
-# mpirun.
+# mpirun; the remote-shard tests serve shards with nginx (and an S3 server that npm installs into
+# the build folder where Node is present).
 if [ "$mode" = test ]; then
-  packages+=(libgtest-dev libgmock-dev python3-torchvision python3-pil python3-numpy openmpi-bin)
+  packages+=(libgtest-dev libgmock-dev python3-torchvision python3-pil python3-numpy openmpi-bin
+             nginx-light)
 fi
 
 missing=()
@@ -42,8 +44,17 @@ if ((${#missing[@]})); then
     sudo=(sudo)
   fi
   "${sudo[@]}" apt-get update -qq
+  # No package starts a service (nginx would take port 80): the tests start their own servers.
+  policy=/usr/sbin/policy-rc.d
+  own_policy=0
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' | "${sudo[@]}" tee "$policy" >/dev/null
+    "${sudo[@]}" chmod 755 "$policy"
+    own_policy=1
+  fi
   DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends \
-    "${missing[@]}"
+    "${missing[@]}" || { [ "$own_policy" = 1 ] && "${sudo[@]}" rm -f "$policy"; exit 1; }
+  if [ "$own_policy" = 1 ]; then "${sudo[@]}" rm -f "$policy"; fi
 fi
 
 # The run needs the library, the ferry command and ferry-worker; the tests need everything.

@@ -10,6 +10,7 @@
 #include "ferry/init.h"
 
 #include "config/components.h"
+#include "net/url.h"
 
 namespace ferry {
 
@@ -54,7 +55,7 @@ Config resolve_paths(Config node, ComponentKind kind, const std::filesystem::pat
     const Config* value = node.find(key.name);
     if (value == nullptr || !value->is_scalar() || value->scalar().empty()) continue;
     const std::filesystem::path p(value->scalar());
-    if (p.is_absolute()) continue;
+    if (p.is_absolute() || net::is_remote(value->scalar())) continue;  // s3://, https://, pipe:
     Config absolute((base_dir / p).lexically_normal().string());
     absolute.set_mark(value->mark());
     node.set(key.name, std::move(absolute));

@@ -9,6 +9,7 @@
 #include <cctype>
 #include <cerrno>
 #include <cstring>
+#include <limits>
 
 #include "ferry/error.h"
 
@@ -184,70 +185,78 @@ void TarWriter::flush() {
 
 // ---- TarReader ----
 
-TarReader::TarReader(std::filesystem::path path) : path_(std::move(path)) {
-  fd_.reset(::open(path_.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd_) throw DataError(str("tar ", path_.string(), ": cannot open: ", std::strerror(errno)));
-  struct stat st {};
-  if (::fstat(fd_.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
-    throw DataError(str("tar ", path_.string(), ": not a regular file"));
-  }
-  file_size_ = static_cast<std::uint64_t>(st.st_size);
+TarReader::TarReader(std::filesystem::path path) : TarReader(net::open_sequential(path.string())) {}
+
+TarReader::TarReader(std::unique_ptr<net::ByteSource> source) : source_(std::move(source)) {
+  const auto size = source_->size();
+  size_known_ = size.has_value();
+  file_size_ = size.value_or(std::numeric_limits<std::uint64_t>::max());
 }
 
 void TarReader::seek(std::uint64_t offset) {
   if (offset % kBlock != 0 || offset > file_size_) {
-    throw DataError(str("tar ", path_.string(), ": offset ", offset,
-                        " is not a header of this file (", file_size_, " bytes)"));
+    throw DataError(str("tar ", name(), ": offset ", offset, " is not a header of this file (",
+                        file_size_, " bytes)"));
   }
   offset_ = offset;
+  ended_ = false;
 }
 
 void TarReader::read(std::uint64_t offset, std::uint64_t size, std::uint8_t* out) const {
   if (offset > file_size_ || size > file_size_ - offset) {
-    throw DataError(str("tar ", path_.string(), ": ", size, " bytes at offset ", offset,
+    throw DataError(str("tar ", name(), ": ", size, " bytes at offset ", offset,
                         " run past the end of the file (", file_size_,
                         " bytes): the shard is truncated, or its index is stale"));
   }
-  std::uint64_t done = 0;
-  while (done < size) {
-    const ssize_t n =
-        ::pread(fd_.get(), out + done, size - done, static_cast<off_t>(offset + done));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      throw DataError(str("tar ", path_.string(), ": read at offset ", offset + done,
-                          " failed: ", n == 0 ? "end of file" : std::strerror(errno)));
-    }
-    done += static_cast<std::uint64_t>(n);
+  const std::size_t got = source_->read_at(offset, out, static_cast<std::size_t>(size));
+  if (got < size) {
+    throw DataError(str("tar ", name(), ": read at offset ", offset + got,
+                        " failed: end of file (the shard is cut short)"));
   }
 }
 
 std::optional<TarMember> TarReader::next() {
+  if (ended_) return std::nullopt;
   std::optional<std::string> long_name;
   bool has_pax_size = false;  // (not an optional: GCC 12 warns of it falsely)
   std::uint64_t pax_size = 0;
   std::uint64_t start = offset_;
   std::array<std::uint8_t, kBlock> header{};
   while (true) {
-    if (file_size_ - std::min(file_size_, offset_) < kBlock) {
+    if (size_known_ && file_size_ - std::min(file_size_, offset_) < kBlock) {
       if (offset_ < file_size_ || long_name || has_pax_size) {
-        throw DataError(str("tar ", path_.string(), ": cut short at offset ", offset_,
+        throw DataError(str("tar ", name(), ": cut short at offset ", offset_,
                             " (a header needs 512 bytes; the file has ", file_size_, ")"));
       }
       return std::nullopt;
     }
-    read(offset_, kBlock, header.data());
+    if (!size_known_) {
+      // A stream of unknown length ends where its bytes end.
+      const std::size_t got = source_->read_at(offset_, header.data(), kBlock);
+      if (got == 0 && !long_name && !has_pax_size) {
+        ended_ = true;
+        return std::nullopt;
+      }
+      if (got < kBlock) {
+        throw DataError(str("tar ", name(), ": cut short at offset ", offset_ + got,
+                            " (a header needs 512 bytes)"));
+      }
+    } else {
+      read(offset_, kBlock, header.data());
+    }
     if (std::all_of(header.begin(), header.end(), [](std::uint8_t b) { return b == 0; })) {
+      ended_ = true;  // asked again, the end is not read twice (a stream cannot go back to it)
       return std::nullopt;
     }
     const auto stored = parse_number(header.data() + 148, 8);
     if (!stored || (*stored != checksum(header.data()) &&
                     static_cast<std::int64_t>(*stored) != signed_checksum(header.data()))) {
-      throw DataError(str("tar ", path_.string(), ": the header at offset ", offset_,
+      throw DataError(str("tar ", name(), ": the header at offset ", offset_,
                           " has a wrong checksum: not a tar file, or corrupt there"));
     }
     const auto size = parse_number(header.data() + 124, 12);
     if (!size) {
-      throw DataError(str("tar ", path_.string(), ": the header at offset ", offset_,
+      throw DataError(str("tar ", name(), ": the header at offset ", offset_,
                           " has a size that is not a number"));
     }
     const char type = static_cast<char>(header[156]);
@@ -255,15 +264,15 @@ std::optional<TarMember> TarReader::next() {
     const std::uint64_t data = offset_ + kBlock;
     const std::uint64_t member_size = extension ? *size : (has_pax_size ? pax_size : *size);
     if (data > file_size_ || member_size > file_size_ - data) {
-      throw DataError(str("tar ", path_.string(), ": the member at offset ", offset_, " needs ",
+      throw DataError(str("tar ", name(), ": the member at offset ", offset_, " needs ",
                           member_size, " bytes, past the end of the file (", file_size_,
                           " bytes): the shard is truncated"));
     }
     const std::uint64_t after = data + round_up(member_size);
     if (extension) {
       if (*size > (std::uint64_t{1} << 20)) {
-        throw DataError(str("tar ", path_.string(), ": the extended header at offset ", offset_,
-                            " is ", *size, " bytes; refusing more than 1 MiB"));
+        throw DataError(str("tar ", name(), ": the extended header at offset ", offset_, " is ",
+                            *size, " bytes; refusing more than 1 MiB"));
       }
       std::string text(*size, '\0');
       read(data, *size, reinterpret_cast<std::uint8_t*>(text.data()));
@@ -275,8 +284,7 @@ std::optional<TarMember> TarReader::next() {
         while (pos < text.size()) {
           const std::size_t space = text.find(' ', pos);
           const auto malformed = [&] {
-            return DataError(
-                str("tar ", path_.string(), ": malformed pax record at offset ", data + pos));
+            return DataError(str("tar ", name(), ": malformed pax record at offset ", data + pos));
           };
           if (space == std::string::npos || space == pos || space - pos > 7) throw malformed();
           std::size_t length = 0;
@@ -298,7 +306,7 @@ std::optional<TarMember> TarReader::next() {
               std::uint64_t v = 0;
               for (char c : value) {
                 if (!std::isdigit(static_cast<unsigned char>(c)) || v > (~0ull) / 10) {
-                  throw DataError(str("tar ", path_.string(), ": pax size '", value, "' at offset ",
+                  throw DataError(str("tar ", name(), ": pax size '", value, "' at offset ",
                                       data + pos, " is not a number"));
                 }
                 v = v * 10 + static_cast<std::uint64_t>(c - '0');

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "ipc/unique_fd.h"
+#include "net/byte_source.h"
 
 namespace ferry::vision::detail {
 
@@ -55,26 +57,32 @@ class TarWriter {
 // Reads an archive: members in order with next(), bytes with read(). Throws ferry::DataError
 // naming the file and the offset for a header whose checksum is wrong, a size that is not a
 // number, or a member that runs past the end of the file.
+//
+// The bytes come from a net::ByteSource: a local file (pread), or a remote object or a command's
+// output read front to back, where reads go forward only (next() then the member's read(), as a
+// stream of samples does) and a source of unknown size ends where its bytes end.
 class TarReader {
  public:
   explicit TarReader(std::filesystem::path path);
+  explicit TarReader(std::unique_ptr<net::ByteSource> source);
 
   // The next regular file, from offset(); nullopt at the end of the archive (a zero block or
   // the end of the file). Folders, links and other entries are passed over.
   std::optional<TarMember> next();
   std::uint64_t offset() const noexcept { return offset_; }
-  // Continues at a header that next() reached before (TarMember::header_offset).
+  // Continues at a header that next() reached before (TarMember::header_offset); on a
+  // front-to-back source, only at or past the bytes read so far.
   void seek(std::uint64_t offset);
-  std::uint64_t file_size() const noexcept { return file_size_; }
-  const std::filesystem::path& path() const noexcept { return path_; }
+  const std::string& name() const noexcept { return source_->name(); }
 
   // `size` bytes at `offset` (checked against the file's length).
   void read(std::uint64_t offset, std::uint64_t size, std::uint8_t* out) const;
 
  private:
-  std::filesystem::path path_;
-  ipc::UniqueFd fd_;
-  std::uint64_t file_size_ = 0;
+  std::unique_ptr<net::ByteSource> source_;
+  std::uint64_t file_size_ = 0;  // UINT64_MAX while unknown (a pipe)
+  bool size_known_ = true;
+  bool ended_ = false;  // next() found the end of the archive
   std::uint64_t offset_ = 0;
 };
 

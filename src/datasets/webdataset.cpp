@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <charconv>
+#include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -16,6 +18,8 @@
 
 #include "datasets/tar.h"
 #include "ipc/files.h"
+#include "net/byte_source.h"
+#include "net/url.h"
 #include "transforms/image_state.h"
 
 namespace ferry::vision {
@@ -63,6 +67,13 @@ std::vector<std::string> expand_shards(const std::string& spec) {
     return out;
   }
   if (!spec.empty() && spec.back() == '\x01') return {spec};  // the tail of a pattern
+  if (net::is_remote(spec)) {
+    const net::Location loc = net::parse_location(spec);
+    if (loc.scheme == net::Scheme::kS3 && (loc.key.empty() || loc.key.back() == '/')) {
+      return net::list_s3_tars(spec);
+    }
+    return {spec};
+  }
   std::error_code ec;
   if (fs::is_directory(spec, ec)) {
     std::vector<std::string> out;
@@ -81,15 +92,53 @@ std::vector<std::string> expand_shards(const std::string& spec) {
 
 namespace {
 
+net::RetryPolicy retry_of(const WebDatasetOptions& o) {
+  net::RetryPolicy p;
+  p.max_attempts = std::max(1, o.download_retry);
+  p.stall_timeout =
+      std::chrono::seconds(std::max<std::int64_t>(1, std::llround(o.download_timeout)));
+  return p;
+}
+
+// A reader of one shard: pread on a local file; ranged GETs pinned to the ETag construction
+// found for a remote one.
+vision::detail::TarReader reader_of(const std::string& shard,
+                                    const std::pair<std::uint64_t, std::string>* remote,
+                                    const net::RetryPolicy& retry) {
+  if (remote == nullptr) return vision::detail::TarReader(shard);
+  return vision::detail::TarReader(
+      net::open_ranged(shard, net::ObjectInfo{remote->first, remote->second}, retry));
+}
+
 // The samples of one shard, from its index when asked and present, else from its headers.
-std::vector<Sample> read_shard(const std::string& shard, std::uint32_t ordinal, bool use_index) {
-  std::error_code ec;
-  const auto size = fs::file_size(shard, ec);
-  if (ec) throw DataError(str("shard ", shard, ": ", ec.message()));
-  const std::string index_path = shard + ".idx";
+// `remote` is the object's size and ETag for a remote shard, nullptr for a local one.
+std::vector<Sample> read_shard(const std::string& shard,
+                               std::uint32_t ordinal,
+                               bool use_index,
+                               const std::pair<std::uint64_t, std::string>* remote,
+                               const net::RetryPolicy& retry) {
+  std::uint64_t size = 0;
+  std::optional<std::string> index_text;
+  const std::string index_path = (remote ? net::redact(shard) : shard) + ".idx";
+  if (remote != nullptr) {
+    size = remote->first;
+    if (use_index) {
+      index_text = net::http_get(net::request_for(shard + ".idx", retry), true, 1u << 30);
+    }
+  } else {
+    std::error_code ec;
+    size = fs::file_size(shard, ec);
+    if (ec) throw DataError(str("shard ", shard, ": ", ec.message()));
+    if (use_index && fs::exists(shard + ".idx", ec)) {
+      std::ifstream file(shard + ".idx", std::ios::binary);
+      std::stringstream text;
+      text << file.rdbuf();
+      index_text = text.str();
+    }
+  }
   std::vector<Sample> samples;
-  if (use_index && fs::exists(index_path, ec)) {
-    std::ifstream in(index_path);
+  if (index_text) {
+    std::istringstream in(*index_text);
     std::string version;
     std::size_t count = 0;
     in >> version >> count;
@@ -115,7 +164,8 @@ std::vector<Sample> read_shard(const std::string& shard, std::uint32_t ordinal, 
         }
         if (offset > size || length > size - offset) {
           throw DataError(str(index_path, ": member ", name, " (", length, " bytes at ", offset,
-                              ") lies past the end of ", shard, " (", size,
+                              ") lies past the end of ", remote ? net::redact(shard) : shard, " (",
+                              size,
                               " bytes): the index is stale or the shard truncated; delete the ",
                               "index to list the shard instead"));
         }
@@ -137,7 +187,7 @@ std::vector<Sample> read_shard(const std::string& shard, std::uint32_t ordinal, 
     if (!samples.empty()) {
       for (const Sample* s : {&samples.front(), &samples.back()}) {
         const WebDataset::Field& f = s == &samples.front() ? s->fields.front() : s->fields.back();
-        vision::detail::TarReader probe(shard);
+        vision::detail::TarReader probe = reader_of(shard, remote, retry);
         std::optional<vision::detail::TarMember> member;
         if (f.offset >= 512 && (f.offset - 512) % 512 == 0) {
           try {
@@ -149,7 +199,7 @@ std::vector<Sample> read_shard(const std::string& shard, std::uint32_t ordinal, 
         }
         if (!member || member->data_offset != f.offset || member->size != f.size) {
           throw DataError(str(index_path, ": stale: its member at offset ", f.offset, " (", f.size,
-                              " bytes) is not a member of ", shard,
+                              " bytes) is not a member of ", remote ? net::redact(shard) : shard,
                               " there; delete the index to list the shard instead, or write it "
                               "again"));
         }
@@ -157,13 +207,15 @@ std::vector<Sample> read_shard(const std::string& shard, std::uint32_t ordinal, 
     }
     return samples;
   }
-  for (const auto& member : vision::detail::list_tar(shard)) {
-    auto split = vision::detail::split_key(member.name);
+  // No index: the headers, read front to back (a remote shard is read once, its bytes dropped).
+  vision::detail::TarReader reader(net::open_sequential(shard, 0, retry));
+  while (auto member = reader.next()) {
+    auto split = vision::detail::split_key(member->name);
     if (!split) continue;  // no key: WebDataset passes such members over too
     if (samples.empty() || samples.back().key != split->first) {
       samples.push_back(Sample{ordinal, std::move(split->first), {}});
     }
-    samples.back().fields.push_back({std::move(split->second), member.data_offset, member.size});
+    samples.back().fields.push_back({std::move(split->second), member->data_offset, member->size});
   }
   return samples;
 }
@@ -253,7 +305,19 @@ WebDataset::WebDataset(std::vector<std::string> shards, WebDatasetOptions option
   FERRY_CHECK(!shards_.empty(), "WebDataset: no shard given");
   FERRY_CHECK(shards_.size() < (std::size_t{1} << 32), "WebDataset: too many shards");
   for (std::size_t s = 0; s < shards_.size(); ++s) {
-    auto samples = read_shard(shards_[s], static_cast<std::uint32_t>(s), options_.use_index);
+    if (net::is_remote(shards_[s])) {
+      const net::Location loc = net::parse_location(shards_[s]);
+      if (loc.scheme == net::Scheme::kPipe) {
+        throw DataError(str("webdataset: shard '", shards_[s], "': a pipe is read front to back; ",
+                            "use webdataset_stream, or an s3:// or https:// URL"));
+      }
+      if (remote_.empty()) remote_.resize(shards_.size());
+      const net::ObjectInfo info = net::http_head(net::request_for(shards_[s], retry_of(options_)));
+      remote_[s] = {info.size, info.etag};
+    }
+    auto samples =
+        read_shard(shards_[s], static_cast<std::uint32_t>(s), options_.use_index,
+                   net::is_remote(shards_[s]) ? &remote_[s] : nullptr, retry_of(options_));
     samples_.insert(samples_.end(), std::make_move_iterator(samples.begin()),
                     std::make_move_iterator(samples.end()));
   }
@@ -268,8 +332,11 @@ torch::Tensor WebDataset::read_field(std::size_t index, const std::string& exten
   const Sample& sample = samples_[index];
   for (const auto& field : sample.fields) {
     if (field.extension == extension) {
-      return read_member(vision::detail::TarReader(shards_[sample.shard]), field.offset,
-                         field.size);
+      return read_member(
+          reader_of(shards_[sample.shard],
+                    net::is_remote(shards_[sample.shard]) ? &remote_[sample.shard] : nullptr,
+                    retry_of(options_)),
+          field.offset, field.size);
     }
   }
   throw DataError(str("WebDataset sample ", index, " (", shards_[sample.shard], " key ", sample.key,
@@ -286,7 +353,9 @@ Example WebDataset::get(std::size_t index, SampleContext& ctx) const {
   if (image == nullptr) {
     throw DataError(str(where, ": no image member (tried ", image_choices(options_), ")"));
   }
-  const vision::detail::TarReader reader(shards_[sample.shard]);
+  const vision::detail::TarReader reader = reader_of(
+      shards_[sample.shard],
+      net::is_remote(shards_[sample.shard]) ? &remote_[sample.shard] : nullptr, retry_of(options_));
   std::optional<torch::Tensor> label;
   for (const auto& field : sample.fields) {
     if (field.extension == options_.label_extension) {
@@ -320,51 +389,49 @@ class ShardStream : public ExampleStream {
   std::optional<Example> next(SampleContext& ctx) override {
     while (shard_ < shards_.size()) {
       if (!reader_) {
-        reader_.emplace(shards_[shard_]);
+        // One GET from the entry offset for a remote shard; pread for a local one.
+        reader_.emplace(net::open_sequential(shards_[shard_], start_offset_, retry_of(options_)));
         reader_->seek(start_offset_);
         start_offset_ = 0;
         pending_.reset();
       }
       // The members of one key, in order; the first member of the next key waits in pending_.
-      std::optional<vision::detail::TarMember> first =
-          pending_ ? std::move(pending_) : next_keyed();
+      // A member's bytes are read as soon as its header is (a remote shard is one stream, read
+      // front to back), and only for the members a sample uses.
+      std::optional<Member> first = pending_ ? std::move(pending_) : next_keyed();
       pending_.reset();
       if (!first) {
         reader_.reset();
         ++shard_;
         continue;
       }
-      const std::string key = vision::detail::split_key(first->name)->first;
-      std::vector<std::pair<std::string, vision::detail::TarMember>> members;
-      members.emplace_back(vision::detail::split_key(first->name)->second, *first);
+      const std::string key = first->key;
+      std::vector<Member> members;
+      members.push_back(std::move(*first));
       while (auto m = next_keyed()) {
-        auto split = vision::detail::split_key(m->name);
-        if (split->first != key) {
+        if (m->key != key) {
           pending_ = std::move(m);
           break;
         }
-        members.emplace_back(std::move(split->second), std::move(*m));
+        members.push_back(std::move(*m));
       }
       next_offset_ = pending_ ? pending_->header_offset : reader_->offset();
-      const std::string where = str("WebDataset stream ", shards_[shard_], " key ", key);
-      const vision::detail::TarMember* image = nullptr;
+      const std::string where =
+          str("WebDataset stream ", net::redact(shards_[shard_]), " key ", key);
+      const Member* image = nullptr;
       for (const std::string& ext : options_.image_extensions) {
-        for (const auto& [e, m] : members) {
-          if (image == nullptr && e == ext) image = &m;
+        for (const Member& m : members) {
+          if (image == nullptr && m.extension == ext) image = &m;
         }
       }
       if (image == nullptr) {
         throw DataError(str(where, ": no image member (tried ", image_choices(options_), ")"));
       }
       std::optional<torch::Tensor> label;
-      for (const auto& [e, m] : members) {
-        if (e == options_.label_extension) {
-          label = read_member(*reader_, m.data_offset, std::min<std::uint64_t>(m.size, 65));
-        }
+      for (const Member& m : members) {
+        if (m.extension == options_.label_extension) label = m.bytes;
       }
-      return make_example(options_, pipeline_,
-                          read_member(*reader_, image->data_offset, image->size), label, key,
-                          ctx.index(), where, ctx);
+      return make_example(options_, pipeline_, *image->bytes, label, key, ctx.index(), where, ctx);
     }
     return std::nullopt;
   }
@@ -399,9 +466,25 @@ class ShardStream : public ExampleStream {
   }
 
  private:
-  std::optional<vision::detail::TarMember> next_keyed() {
+  struct Member {
+    std::string key;
+    std::string extension;
+    std::uint64_t header_offset = 0;
+    std::optional<torch::Tensor> bytes;  // read when a sample may use it
+  };
+
+  std::optional<Member> next_keyed() {
     while (auto m = reader_->next()) {
-      if (vision::detail::split_key(m->name)) return m;
+      auto split = vision::detail::split_key(m->name);
+      if (!split) continue;
+      Member member{std::move(split->first), std::move(split->second), m->header_offset, {}};
+      const auto& images = options_.image_extensions;
+      if (member.extension == options_.label_extension) {
+        member.bytes = read_member(*reader_, m->data_offset, std::min<std::uint64_t>(m->size, 65));
+      } else if (std::find(images.begin(), images.end(), member.extension) != images.end()) {
+        member.bytes = read_member(*reader_, m->data_offset, m->size);
+      }
+      return member;
     }
     return std::nullopt;
   }
@@ -413,7 +496,7 @@ class ShardStream : public ExampleStream {
   std::uint64_t start_offset_ = 0;  // where the current shard is entered
   std::uint64_t next_offset_ = 0;   // the header of the sample after the last one returned
   std::optional<vision::detail::TarReader> reader_;
-  std::optional<vision::detail::TarMember> pending_;
+  std::optional<Member> pending_;
 };
 
 }  // namespace

@@ -136,8 +136,22 @@ void register_vision_types(Registry& r) {
          .type = ValueType::kString,
          .required = true,
          .help = "a .tar file, a folder of them, or a brace pattern as "
-                 "train-{000000..000099}.tar",
+                 "train-{000000..000099}.tar; remote: s3://bucket/train-{000000..000099}.tar, "
+                 "s3://bucket/prefix/ (its .tar keys), https://host/train-{0..9}.tar, "
+                 "pipe:COMMAND",
          .is_path = true},
+        {.name = "download_retry",
+         .type = ValueType::kInt,
+         .default_value = 8,
+         .help = "remote shards: attempts in a row without progress before a request fails",
+         .min = 1,
+         .max = 100},
+        {.name = "download_timeout",
+         .type = ValueType::kFloat,
+         .default_value = 30.0,
+         .help = "remote shards: seconds without a byte before a connection is cut and retried",
+         .min = 1,
+         .max = 3600},
         {.name = "label",
          .type = ValueType::kString,
          .default_value = "cls",
@@ -166,6 +180,8 @@ void register_vision_types(Registry& r) {
   const auto webdataset_options = [](const Args& a, WebDatasetOptions& o) {
     static_cast<ImageDatasetOptions&>(o) = image_options(a);
     o.label_extension = a.get<std::string>("label");
+    o.download_retry = static_cast<int>(a.get<std::int64_t>("download_retry"));
+    o.download_timeout = a.get<double>("download_timeout");
   };
   r.add_dataset({.name = "webdataset",
                  .summary = "WebDataset tar shards, map-style through each shard's index: "

@@ -22,8 +22,11 @@ namespace ferry::vision {
 class Compose;
 
 /// Shards named by one string: a file, a folder (its `*.tar`, sorted), or a WebDataset brace
-/// pattern (`data/train-{000000..000099}.tar`, each number as wide as the first). Throws
-/// ferry::DataError when the pattern is malformed or names no shard.
+/// pattern (`data/train-{000000..000099}.tar`, each number as wide as the first). Remote shards
+/// as WebDataset writes them: `s3://bucket/train/shard-{000000..000127}.tar`,
+/// `https://host/path/shard-{00..09}.tar`, `s3://bucket/train/` (a prefix: its `.tar` keys,
+/// listed with ListObjectsV2, sorted) and `pipe:COMMAND` (the command's standard output is the
+/// shard). Throws ferry::DataError when the pattern is malformed or names no shard.
 std::vector<std::string> expand_shards(const std::string& spec);
 
 struct WebDatasetOptions : ImageDatasetOptions {
@@ -35,6 +38,11 @@ struct WebDatasetOptions : ImageDatasetOptions {
   /// Map-style: read `<shard>.idx` (DALI's v1.2 index, as ferry preprocess writes it) when it is
   /// there; false, or no index: list the shard's headers.
   bool use_index = true;
+  /// Remote shards (s3://, http(s)://): attempts in a row that make no progress before a request
+  /// fails (MosaicML Streaming's name), and seconds without a byte before a connection is cut
+  /// and the read resumed with a Range request.
+  int download_retry = 8;
+  double download_timeout = 30;
 };
 
 /// Map-style: the samples of every shard, in shard order. Construction reads each shard's index
@@ -67,6 +75,9 @@ class WebDataset : public Dataset {
   std::vector<Sample> samples_;
   WebDatasetOptions options_;
   std::shared_ptr<const Compose> pipeline_;
+  // Remote shards: each object's size and ETag as construction found them (empty for local
+  // shards); a sample's members are read with ranged GETs pinned to that ETag.
+  std::vector<std::pair<std::uint64_t, std::string>> remote_;
 };
 
 /// The same shards as a stream (an iterable dataset). `rank` and `world_size` default to the
