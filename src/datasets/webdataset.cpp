@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <limits>
 #include <sstream>
 #include <system_error>
@@ -19,6 +20,7 @@
 #include "datasets/tar.h"
 #include "ipc/files.h"
 #include "net/byte_source.h"
+#include "net/shard_cache.h"
 #include "net/url.h"
 #include "transforms/image_state.h"
 
@@ -116,7 +118,8 @@ std::vector<Sample> read_shard(const std::string& shard,
                                std::uint32_t ordinal,
                                bool use_index,
                                const std::pair<std::uint64_t, std::string>* remote,
-                               const net::RetryPolicy& retry) {
+                               const net::RetryPolicy& retry,
+                               const WebDatasetOptions& options) {
   std::uint64_t size = 0;
   std::optional<std::string> index_text;
   const std::string index_path = (remote ? net::redact(shard) : shard) + ".idx";
@@ -207,8 +210,14 @@ std::vector<Sample> read_shard(const std::string& shard,
     }
     return samples;
   }
-  // No index: the headers, read front to back (a remote shard is read once, its bytes dropped).
-  vision::detail::TarReader reader(net::open_sequential(shard, 0, retry));
+  // No index: the headers, read front to back: a remote shard is read once, into the cache
+  // when there is one (the epoch reads it from there), else its bytes are dropped.
+  std::string source = shard;
+  if (remote != nullptr && !options.cache_dir.empty()) {
+    source = net::ShardCache(options.cache_dir, options.cache_limit)
+                 .ensure(shard, net::ObjectInfo{remote->first, remote->second}, retry);
+  }
+  vision::detail::TarReader reader(net::open_sequential(source, 0, retry));
   while (auto member = reader.next()) {
     auto split = vision::detail::split_key(member->name);
     if (!split) continue;  // no key: WebDataset passes such members over too
@@ -315,9 +324,9 @@ WebDataset::WebDataset(std::vector<std::string> shards, WebDatasetOptions option
       const net::ObjectInfo info = net::http_head(net::request_for(shards_[s], retry_of(options_)));
       remote_[s] = {info.size, info.etag};
     }
-    auto samples =
-        read_shard(shards_[s], static_cast<std::uint32_t>(s), options_.use_index,
-                   net::is_remote(shards_[s]) ? &remote_[s] : nullptr, retry_of(options_));
+    auto samples = read_shard(shards_[s], static_cast<std::uint32_t>(s), options_.use_index,
+                              net::is_remote(shards_[s]) ? &remote_[s] : nullptr,
+                              retry_of(options_), options_);
     samples_.insert(samples_.end(), std::make_move_iterator(samples.begin()),
                     std::make_move_iterator(samples.end()));
   }
@@ -353,15 +362,49 @@ Example WebDataset::get(std::size_t index, SampleContext& ctx) const {
   if (image == nullptr) {
     throw DataError(str(where, ": no image member (tried ", image_choices(options_), ")"));
   }
-  const vision::detail::TarReader reader = reader_of(
-      shards_[sample.shard],
-      net::is_remote(shards_[sample.shard]) ? &remote_[sample.shard] : nullptr, retry_of(options_));
-  std::optional<torch::Tensor> label;
+  const std::string& shard = shards_[sample.shard];
+  const bool remote = net::is_remote(shard);
+  const Field* label_field = nullptr;
   for (const auto& field : sample.fields) {
-    if (field.extension == options_.label_extension) {
-      label = read_member(reader, field.offset, std::min<std::uint64_t>(field.size, 65));
-    }
+    if (field.extension == options_.label_extension) label_field = &field;
   }
+  const std::uint64_t label_size = label_field ? std::min<std::uint64_t>(label_field->size, 65) : 0;
+  if (remote && options_.cache_dir.empty()) {
+    // By byte ranges: one GET for the image and the label together when they lie close (a
+    // WebDataset sample's members are adjacent), so a sample costs one request.
+    const vision::detail::TarReader reader =
+        reader_of(shard, &remote_[sample.shard], retry_of(options_));
+    if (label_field != nullptr) {
+      const std::uint64_t lo = std::min(image->offset, label_field->offset);
+      const std::uint64_t hi =
+          std::max(image->offset + image->size, label_field->offset + label_size);
+      if (hi - lo <= image->size + label_size + 65536) {
+        const torch::Tensor span = read_member(reader, lo, hi - lo);
+        const auto at = [&](std::uint64_t offset, std::uint64_t size) {
+          return span
+              .narrow(0, static_cast<std::int64_t>(offset - lo), static_cast<std::int64_t>(size))
+              .clone();
+        };
+        return make_example(options_, pipeline_, at(image->offset, image->size),
+                            at(label_field->offset, label_size), sample.key,
+                            static_cast<std::int64_t>(index), where, ctx);
+      }
+    }
+    std::optional<torch::Tensor> label;
+    if (label_field != nullptr) label = read_member(reader, label_field->offset, label_size);
+    return make_example(options_, pipeline_, read_member(reader, image->offset, image->size), label,
+                        sample.key, static_cast<std::int64_t>(index), where, ctx);
+  }
+  // A local file, or a remote shard's complete copy in the node-local cache.
+  const vision::detail::TarReader reader(
+      remote
+          ? net::ShardCache(options_.cache_dir, options_.cache_limit)
+                .ensure(shard,
+                        net::ObjectInfo{remote_[sample.shard].first, remote_[sample.shard].second},
+                        retry_of(options_))
+          : shard);
+  std::optional<torch::Tensor> label;
+  if (label_field != nullptr) label = read_member(reader, label_field->offset, label_size);
   return make_example(options_, pipeline_, read_member(reader, image->offset, image->size), label,
                       sample.key, static_cast<std::int64_t>(index), where, ctx);
 }
@@ -389,8 +432,16 @@ class ShardStream : public ExampleStream {
   std::optional<Example> next(SampleContext& ctx) override {
     while (shard_ < shards_.size()) {
       if (!reader_) {
-        // One GET from the entry offset for a remote shard; pread for a local one.
-        reader_.emplace(net::open_sequential(shards_[shard_], start_offset_, retry_of(options_)));
+        // One GET from the entry offset for a remote shard, or its copy in the node-local cache
+        // (the next shards downloaded ahead); pread for a local one.
+        std::string source = shards_[shard_];
+        if (net::is_remote(source) && !options_.cache_dir.empty() &&
+            net::parse_location(source).scheme != net::Scheme::kPipe) {
+          prefetch_after(shard_);
+          source = net::ShardCache(options_.cache_dir, options_.cache_limit)
+                       .ensure(source, std::nullopt, retry_of(options_));
+        }
+        reader_.emplace(net::open_sequential(source, start_offset_, retry_of(options_)));
         reader_->seek(start_offset_);
         start_offset_ = 0;
         pending_.reset();
@@ -466,6 +517,32 @@ class ShardStream : public ExampleStream {
   }
 
  private:
+  // Downloads the `prefetch` shards after `shard` into the cache on threads of their own (each
+  // makes its own curl handles), so the reader finds them there. A failed prefetch is left to
+  // the reader's own ensure(), which retries and reports.
+  void prefetch_after(std::size_t shard) {
+    for (std::size_t k = shard + 1; k <= shard + options_.prefetch && k < shards_.size(); ++k) {
+      if (k < prefetched_) continue;
+      prefetched_ = k + 1;
+      if (net::parse_location(shards_[k]).scheme == net::Scheme::kPipe) continue;
+      prefetches_.push_back(std::async(
+          std::launch::async, [location = shards_[k], dir = options_.cache_dir,
+                               limit = options_.cache_limit, retry = retry_of(options_)] {
+            try {
+              net::ShardCache(dir, limit).ensure(location, std::nullopt, retry);
+            } catch (const std::exception&) {
+            }
+          }));
+    }
+    // Finished ones go (their threads have ended).
+    prefetches_.erase(std::remove_if(prefetches_.begin(), prefetches_.end(),
+                                     [](std::future<void>& f) {
+                                       return f.wait_for(std::chrono::seconds(0)) ==
+                                              std::future_status::ready;
+                                     }),
+                      prefetches_.end());
+  }
+
   struct Member {
     std::string key;
     std::string extension;
@@ -497,6 +574,10 @@ class ShardStream : public ExampleStream {
   std::uint64_t next_offset_ = 0;   // the header of the sample after the last one returned
   std::optional<vision::detail::TarReader> reader_;
   std::optional<Member> pending_;
+  std::size_t prefetched_ = 0;  // shards before this one have a prefetch started
+  // Declared last: destroyed first, so a prefetch running at destruction is waited for while
+  // everything it may read is still here.
+  std::vector<std::future<void>> prefetches_;
 };
 
 }  // namespace

@@ -107,6 +107,8 @@ class HttpStream {
   // The object's size once the first answer came (nullopt before, or when the server sent none).
   std::optional<std::uint64_t> size();
   std::uint64_t position() const noexcept { return position_; }
+  // The object's ETag, once the first answer came ("" if the server sent none).
+  const std::string& etag() const noexcept { return etag_; }
 
  private:
   struct Transfer;

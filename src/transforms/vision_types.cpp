@@ -152,6 +152,23 @@ void register_vision_types(Registry& r) {
          .help = "remote shards: seconds without a byte before a connection is cut and retried",
          .min = 1,
          .max = 3600},
+        {.name = "cache_dir",
+         .type = ValueType::kString,
+         .default_value = "",
+         .help = "remote shards: a node-local cache folder shared by the machine's processes; "
+                 "'': none",
+         .is_path = true},
+        {.name = "cache_limit",
+         .type = ValueType::kInt,
+         .default_value = 0,
+         .help = "the cache's size in bytes (least recently used shards evicted); 0: no limit",
+         .min = 0},
+        {.name = "prefetch",
+         .type = ValueType::kInt,
+         .default_value = 1,
+         .help = "with a cache, shards a stream downloads ahead of the one it reads",
+         .min = 0,
+         .max = 64},
         {.name = "label",
          .type = ValueType::kString,
          .default_value = "cls",
@@ -182,6 +199,9 @@ void register_vision_types(Registry& r) {
     o.label_extension = a.get<std::string>("label");
     o.download_retry = static_cast<int>(a.get<std::int64_t>("download_retry"));
     o.download_timeout = a.get<double>("download_timeout");
+    o.cache_dir = a.get<std::string>("cache_dir");
+    o.cache_limit = static_cast<std::uint64_t>(a.get<std::int64_t>("cache_limit"));
+    o.prefetch = a.get<std::size_t>("prefetch");
   };
   r.add_dataset({.name = "webdataset",
                  .summary = "WebDataset tar shards, map-style through each shard's index: "

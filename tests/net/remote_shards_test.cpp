@@ -4,7 +4,10 @@
 // Each epoch is compared with the same shards read from local disk: every sample once, each
 // byte the same, whatever the network did.
 
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/file.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -16,6 +19,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gmock/gmock.h>
@@ -29,6 +33,7 @@
 #include "datasets/tar.h"
 #include "net/byte_source.h"
 #include "net/http.h"
+#include "net/shard_cache.h"
 #include "support/servers.h"
 #include "support/timing.h"
 
@@ -358,6 +363,205 @@ TEST_F(RemoteShards, AStreamCheckpointResumesWithARangedGetAndLosesNothing) {
   }
   rest.insert(first.begin(), first.end());
   EXPECT_TRUE(rest == whole);
+}
+
+// ---- the node-local cache ----
+
+WebDatasetStream::Options cached(const fs::path& cache, std::uint64_t limit = 0) {
+  WebDatasetStream::Options o;
+  o.cache_dir = cache.string();
+  o.cache_limit = limit;
+  return o;
+}
+
+// A stream epoch over the four shards in a child process: its exit code says whether it saw
+// every sample as `expected` has it.
+pid_t epoch_in_child(const WebDatasetStream::Options& o, const Epoch& expected) {
+  const pid_t pid = ::fork();
+  if (pid != 0) return pid;
+  int code = 1;
+  try {
+    auto dataset = std::make_shared<WebDatasetStream>(
+        vision::expand_shards("s3://data/train/shard-{000000..000003}.tar"), o);
+    DataLoader loader(dataset, {.batch_size = 5, .num_workers = 1});
+    code = run_epoch(loader) == expected ? 0 : 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "child: %s\n", e.what());
+    code = 3;
+  }
+  ::_exit(code);
+}
+
+int wait_exit(pid_t pid) {
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::map<std::string, int> gets_by_shard(const fs::path& log) {
+  std::map<std::string, int> n;
+  for (const std::string& line : log_lines(log)) {
+    const json r = json::parse(line);
+    const std::string path = r["path"].get<std::string>();
+    // Whole-object GETs: ranged ones (an index's check of its shard, a resumed body) aside.
+    if (r["method"] == "GET" && r["range"].is_null()) ++n[path.substr(path.rfind('/') + 1)];
+  }
+  return n;
+}
+
+std::vector<std::string> cache_files(const fs::path& cache, const std::string& part) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(cache)) {
+    if (e.path().filename().string().find(part) != std::string::npos) {
+      out.push_back(e.path().filename().string());
+    }
+  }
+  return out;
+}
+
+// Four processes on one machine read the same shards through one cache folder: each shard is
+// downloaded once. Then a warm epoch reads no byte over the network.
+TEST_F(RemoteShards, FourProcessesDownloadEachShardOnceAndAWarmEpochReadsNoByte) {
+  const fs::path cache = dir_ / "cache-once";
+  const fs::path log = dir_ / "once.log";
+  write_plan(dir_ / "plan-once.json", json::array());
+  auto proxy = test::start_fault_proxy(s3_->port(), dir_ / "plan-once.json", log);
+  use_store(proxy.port(), kSecret);
+  const Epoch local = local_stream(0);
+  std::vector<pid_t> children;
+  for (int p = 0; p < 4; ++p) children.push_back(epoch_in_child(cached(cache), local));
+  for (const pid_t c : children) EXPECT_EQ(wait_exit(c), 0) << "a process saw other samples";
+  const auto gets = gets_by_shard(log);
+  EXPECT_EQ(gets.size(), static_cast<std::size_t>(kShards));
+  for (const auto& [shard, n] : gets) EXPECT_EQ(n, 1) << shard << " downloaded " << n << " times";
+  const std::size_t requests = log_lines(log).size();
+  const auto before = net::cache_counters();
+  auto dataset = std::make_shared<WebDatasetStream>(
+      vision::expand_shards("s3://data/train/shard-{000000..000003}.tar"), cached(cache));
+  DataLoader loader(dataset, {.batch_size = 5, .num_workers = 0});
+  EXPECT_TRUE(run_epoch(loader) == local);
+  EXPECT_EQ(log_lines(log).size(), requests) << "the warm epoch went to the network";
+  EXPECT_EQ(net::cache_counters().downloads, before.downloads);
+  EXPECT_GE(net::cache_counters().hits - before.hits, static_cast<std::uint64_t>(kShards));
+}
+
+// Processes killed with SIGKILL at random moments of their downloads (slowed by the proxy)
+// leave a cache that the next run completes and uses: no temporary file left, no lock held.
+TEST_F(RemoteShards, KilledAtRandomMomentsTheCacheIsNeverLeftHalfWrittenOrLocked) {
+  const fs::path cache = dir_ / "cache-killed";
+  write_plan(dir_ / "plan-slow.json", json::array({{{"match", "shard-"},
+                                                    {"method", "GET"},
+                                                    {"stall_after", 6000},
+                                                    {"stall", 0.2},
+                                                    {"times", -1}}}));
+  auto proxy = test::start_fault_proxy(s3_->port(), dir_ / "plan-slow.json", dir_ / "slow.log");
+  use_store(proxy.port(), kSecret);
+  const Epoch local = local_stream(0);
+  std::mt19937 rng(29);
+  int interrupted = 0;  // rounds whose kill left a download half done
+  for (int round = 0; round < 12 && interrupted < 3; ++round) {
+    const pid_t child = epoch_in_child(cached(cache), local);
+    std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 900));
+    ::kill(child, SIGKILL);
+    wait_exit(child);
+    interrupted += !cache_files(cache, ".tmp-").empty();
+    // Some complete entries made stale again, so the next round has downloads to be killed in.
+    for (const std::string& meta : cache_files(cache, ".meta")) {
+      if (rng() % 2 == 0) fs::remove(cache / meta);
+    }
+  }
+  EXPECT_GT(interrupted, 0) << "no kill landed in a download: the test checked nothing";
+  // Its workers die with it (their parent-death signal); give them the moment that takes.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(wait_exit(epoch_in_child(cached(cache), local)), 0);
+  EXPECT_TRUE(cache_files(cache, ".tmp-").empty()) << "a temporary file outlived its download";
+  EXPECT_EQ(cache_files(cache, ".meta").size(), static_cast<std::size_t>(kShards));
+  for (const std::string& lock : cache_files(cache, ".lock")) {
+    const int fd = ::open((cache / lock).c_str(), O_RDWR | O_CLOEXEC);
+    ASSERT_GE(fd, 0);
+    EXPECT_EQ(::flock(fd, LOCK_EX | LOCK_NB), 0) << lock << " is still held";
+    ::close(fd);
+  }
+}
+
+// Under a small limit the least recently used shards go; a cached copy of the wrong size (cut
+// short, or replaced) is fetched again.
+TEST_F(RemoteShards, EvictionKeepsTheLimitAndACorruptCopyIsFetchedAgain) {
+  const fs::path cache = dir_ / "cache-small";
+  const fs::path log = dir_ / "small.log";
+  write_plan(dir_ / "plan-small.json", json::array());
+  auto proxy = test::start_fault_proxy(s3_->port(), dir_ / "plan-small.json", log);
+  use_store(proxy.port(), kSecret);
+  const Epoch local = local_stream(0);
+  const std::uint64_t shard_size = fs::file_size(dir_ / "local" / "shard-000000.tar");
+  const std::uint64_t limit = shard_size * 5 / 2;
+  auto cached_size = [&] {
+    std::uint64_t total = 0;
+    for (const std::string& meta : cache_files(cache, ".meta")) {
+      total += fs::file_size(cache / meta.substr(0, meta.size() - 5));
+    }
+    return total;
+  };
+  const auto before = net::cache_counters();
+  {
+    auto dataset = std::make_shared<WebDatasetStream>(
+        vision::expand_shards("s3://data/train/shard-{000000..000003}.tar"), cached(cache, limit));
+    DataLoader loader(dataset, {.batch_size = 5, .num_workers = 0});
+    EXPECT_TRUE(run_epoch(loader) == local);
+  }
+  EXPECT_LE(cached_size(), limit);
+  EXPECT_GE(net::cache_counters().evictions - before.evictions, 2u);
+
+  // Unlimited now: all four cached, then one cut short behind the cache's back.
+  {
+    auto dataset = std::make_shared<WebDatasetStream>(
+        vision::expand_shards("s3://data/train/shard-{000000..000003}.tar"), cached(cache));
+    DataLoader loader(dataset, {.batch_size = 5, .num_workers = 0});
+    EXPECT_TRUE(run_epoch(loader) == local);
+  }
+  const std::vector<std::string> metas = cache_files(cache, ".meta");
+  ASSERT_EQ(metas.size(), static_cast<std::size_t>(kShards));
+  const std::string victim = metas.front().substr(0, metas.front().size() - 5);
+  fs::resize_file(cache / victim, shard_size / 2);
+  const auto gets_before = gets_by_shard(log);
+  {
+    auto dataset = std::make_shared<WebDatasetStream>(
+        vision::expand_shards("s3://data/train/shard-{000000..000003}.tar"), cached(cache));
+    DataLoader loader(dataset, {.batch_size = 5, .num_workers = 0});
+    EXPECT_TRUE(run_epoch(loader) == local);
+  }
+  auto gets_after = gets_by_shard(log);
+  int fetched = 0;
+  for (auto& [shard, n] : gets_after) fetched += n - gets_before.at(shard);
+  EXPECT_EQ(fetched, 1) << "only the corrupt copy is fetched again";
+  EXPECT_EQ(fs::file_size(cache / victim), shard_size);
+}
+
+// Map-style with a cache: whole shards come into the cache (one GET each), then samples are
+// read from there; the epoch equals the local one.
+TEST_F(RemoteShards, MapStyleWithACacheReadsWholeShardsOnceAndEqualsLocal) {
+  const fs::path cache = dir_ / "cache-map";
+  const fs::path log = dir_ / "map.log";
+  write_plan(dir_ / "plan-map.json", json::array());
+  auto proxy = test::start_fault_proxy(s3_->port(), dir_ / "plan-map.json", log);
+  use_store(proxy.port(), kSecret);
+  WebDatasetOptions o;
+  o.cache_dir = cache.string();
+  auto remote = std::make_shared<WebDataset>(
+      vision::expand_shards("s3://data/train/shard-{000000..000003}.tar"), o);
+  auto local = std::make_shared<WebDataset>(vision::expand_shards((dir_ / "local").string()),
+                                            WebDatasetOptions{});
+  const DataLoaderOptions options{.batch_size = 6, .shuffle = true, .num_workers = 2, .seed = 5};
+  DataLoader a(remote, options);
+  DataLoader b(local, options);
+  EXPECT_TRUE(run_epoch(a) == run_epoch(b));
+  const auto gets = gets_by_shard(log);
+  for (int s = 0; s < kShards; ++s) {
+    char name[32];
+    std::snprintf(name, sizeof name, "shard-%06d.tar", s);
+    EXPECT_EQ(gets.count(name) ? gets.at(name) : 0, 1) << name;
+  }
 }
 
 }  // namespace

@@ -43,6 +43,14 @@ struct WebDatasetOptions : ImageDatasetOptions {
   /// and the read resumed with a Range request.
   int download_retry = 8;
   double download_timeout = 30;
+  /// Remote shards: a folder for a node-local cache of whole shards, shared by every process on
+  /// the machine (one download per shard; see README "Shards in object stores"); empty: none, and
+  /// shards are read as they arrive (streams) or by byte ranges (map-style).
+  std::string cache_dir{};
+  /// The cache's size in bytes (least recently used shards evicted beyond it); 0: no limit.
+  std::uint64_t cache_limit = 0;
+  /// With a cache, a stream downloads this many of its next shards ahead of the one it reads.
+  std::size_t prefetch = 1;
 };
 
 /// Map-style: the samples of every shard, in shard order. Construction reads each shard's index
