@@ -31,6 +31,8 @@
 #include "ipc/mapped_file.h"
 #include "ipc/protocol.h"
 #include "ipc/signal_safe.h"
+#include "net/http.h"
+#include "net/shard_cache.h"
 #include "workers/fetch.h"
 #include "workers/forker.h"
 #include "workers/segment_pool.h"
@@ -542,6 +544,16 @@ class Worker {
         last_cpu_read_ns_ = now;
       }
     }
+    // Remote shards' counters, exact: what this process did since the previous batch.
+    const net::HttpCounters http = net::http_counters();
+    const net::CacheCounters cache = net::cache_counters();
+    timing_.net_bytes = http.bytes - net_.bytes;
+    timing_.net_requests = http.requests - net_.requests;
+    timing_.net_retries = http.retries - net_.retries;
+    timing_.cache_hits = cache.hits - cache_.hits;
+    timing_.cache_downloads = cache.downloads - cache_.downloads;
+    net_ = http;
+    cache_ = cache;
     ready.timing = timing_;
     ready.spans = std::move(spans_);
     spans_.clear();
@@ -611,6 +623,8 @@ class Worker {
   bool timed_ = true;  // the batch in hand is timed (TimingStride)
   detail::TimingStride stride_;
   std::uint64_t last_cpu_ns_ = 0;
+  net::HttpCounters net_ = net::http_counters();  // as of the previous batch
+  net::CacheCounters cache_ = net::cache_counters();
   std::uint64_t last_cpu_read_ns_ = 0;
   std::size_t dataset_size_ = spec_.dataset ? spec_.dataset->size() : 0;
 };

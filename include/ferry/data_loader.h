@@ -67,6 +67,13 @@ struct WorkerTimeStats {
   double segment = 0;    ///< getting shared-memory segments (a fresh one: memfd, fallocate, mmap)
   double waiting = 0;    ///< waiting for a task: the training loop (or prefetch) was the limit
   double cpu = 0;        ///< CPU time the process used (user and system)
+  /// Remote shards (s3://, http(s)://): bytes received over the network, requests made (of them
+  /// retries), shards served from the node-local cache and shards downloaded into it.
+  std::uint64_t net_bytes = 0;
+  std::uint64_t net_requests = 0;
+  std::uint64_t net_retries = 0;
+  std::uint64_t cache_hits = 0;
+  std::uint64_t cache_downloads = 0;
 };
 
 /// One epoch, or (LoaderStats::total) every epoch so far together.

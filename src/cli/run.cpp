@@ -211,6 +211,22 @@ void print_time_split(const LoaderStats& stats) {
       100 * loading / all, 100 * collating / all, 100 * segment / all, 100 * waiting / all,
       t.worker_cpu_seconds / t.seconds, 100 * t.worker_cpu_share,
       megabytes(t.shared_memory_peak).c_str());
+  std::uint64_t bytes = 0, requests = 0, retries = 0, hits = 0, downloads = 0;
+  for (const WorkerTimeStats& w : t.workers) {
+    bytes += w.net_bytes;
+    requests += w.net_requests;
+    retries += w.net_retries;
+    hits += w.cache_hits;
+    downloads += w.cache_downloads;
+  }
+  if (requests + hits > 0) {
+    std::printf(
+        "  remote shards: %s in %llu requests (%llu retried), %.1f MB/s; cache: %llu shards "
+        "read from it, %llu downloaded into it\n",
+        megabytes(bytes).c_str(), static_cast<unsigned long long>(requests),
+        static_cast<unsigned long long>(retries), static_cast<double>(bytes) / 1e6 / t.seconds,
+        static_cast<unsigned long long>(hits), static_cast<unsigned long long>(downloads));
+  }
 }
 
 nlohmann::ordered_json epoch_json(const EpochStats& s) {
@@ -223,7 +239,12 @@ nlohmann::ordered_json epoch_json(const EpochStats& s) {
                        {"collating_s", w.collating},
                        {"segment_s", w.segment},
                        {"waiting_s", w.waiting},
-                       {"cpu_s", w.cpu}});
+                       {"cpu_s", w.cpu},
+                       {"net_bytes", w.net_bytes},
+                       {"net_requests", w.net_requests},
+                       {"net_retries", w.net_retries},
+                       {"cache_hits", w.cache_hits},
+                       {"cache_downloads", w.cache_downloads}});
   }
   return {{"epoch", s.epoch},
           {"finished", s.finished},

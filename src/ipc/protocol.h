@@ -14,7 +14,7 @@
 
 namespace ferry::ipc {
 
-inline constexpr std::uint16_t kProtocolVersion = 7;
+inline constexpr std::uint16_t kProtocolVersion = 8;
 
 // ---- index channel: main to worker ----
 struct SkippedSampleRecord {  // on_error = skip: a sample left out of its batch, and why
@@ -90,6 +90,13 @@ struct WorkerTiming {
   std::uint64_t collating_ns = 0;  // laying the batch out and writing it into shared memory
   std::uint64_t segment_ns = 0;    // getting a segment (a fresh one: memfd, fallocate, mmap)
   std::uint64_t cpu_ns = 0;        // CPU the process used since its previous batch
+  // Remote shards, since the previous batch (exact counts, every batch): bytes received,
+  // requests made, of them retries, and shards served from / downloaded into the cache.
+  std::uint64_t net_bytes = 0;
+  std::uint64_t net_requests = 0;
+  std::uint64_t net_retries = 0;
+  std::uint64_t cache_hits = 0;
+  std::uint64_t cache_downloads = 0;
 };
 // A trace's span of the worker's: a sample it loaded (index >= 0), or the batch's collation
 // (index -1) or whole loading (index -2, when samples are not timed one by one).

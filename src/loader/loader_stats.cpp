@@ -37,6 +37,11 @@ void add_worker(std::vector<WorkerTimeStats>& into, const WorkerTimeStats& w) {
   t.segment += w.segment;
   t.waiting += w.waiting;
   t.cpu += w.cpu;
+  t.net_bytes += w.net_bytes;
+  t.net_requests += w.net_requests;
+  t.net_retries += w.net_retries;
+  t.cache_hits += w.cache_hits;
+  t.cache_downloads += w.cache_downloads;
 }
 
 // An epoch's sums into a total (the quantiles come from the merged histograms).
@@ -126,6 +131,7 @@ void MemoryGauge::sub(std::size_t bytes) noexcept {
 // One worker's sums in an epoch, in nanoseconds.
 struct WorkerTallies {
   Tally batches, samples, loading, collating, segment, waiting, cpu;
+  Tally net_bytes, net_requests, net_retries, cache_hits, cache_downloads;
 };
 
 struct StatsRecorder::Epoch {
@@ -247,6 +253,11 @@ void StatsRecorder::worker_batch(Epoch& epoch,
   w.segment.add(clamp_ns(timing.segment_ns));
   w.waiting.add(clamp_ns(timing.waiting_ns));
   w.cpu.add(clamp_ns(timing.cpu_ns));
+  w.net_bytes.add(timing.net_bytes);
+  w.net_requests.add(timing.net_requests);
+  w.net_retries.add(timing.net_retries);
+  w.cache_hits.add(timing.cache_hits);
+  w.cache_downloads.add(timing.cache_downloads);
 }
 
 EpochStats StatsRecorder::snapshot(const Epoch& e) const {
@@ -272,7 +283,12 @@ EpochStats StatsRecorder::snapshot(const Epoch& e) const {
                          .collating = seconds_of(w.collating.get()),
                          .segment = seconds_of(w.segment.get()),
                          .waiting = seconds_of(w.waiting.get()),
-                         .cpu = seconds_of(w.cpu.get())});
+                         .cpu = seconds_of(w.cpu.get()),
+                         .net_bytes = w.net_bytes.get(),
+                         .net_requests = w.net_requests.get(),
+                         .net_retries = w.net_retries.get(),
+                         .cache_hits = w.cache_hits.get(),
+                         .cache_downloads = w.cache_downloads.get()});
   }
   const std::size_t peak = e.memory_peak.load(std::memory_order_relaxed);
   s.shared_memory_peak =

@@ -625,11 +625,33 @@ std::optional<std::uint64_t> HttpStream::size() {
   return size_;
 }
 
+// Lets curl take what has come (never waits): data flows in while the reader works on what it
+// has, and a transfer paused for a full buffer goes on once half of it is read.
+void HttpStream::pump() {
+  Transfer& t = *transfer_;
+  SigpipeGuard guard;
+  if (t.paused && t.buffer.size() - t.pos < Transfer::kHigh / 2) {
+    t.paused = false;
+    t.last_byte = std::chrono::steady_clock::now();
+    ::curl_easy_pause(t.easy, CURLPAUSE_CONT);
+  }
+  int running = 0;
+  ::curl_multi_perform(t.multi, &running);
+  int left = 0;
+  while (CURLMsg* m = ::curl_multi_info_read(t.multi, &left)) {
+    if (m->msg == CURLMSG_DONE) {
+      t.done = true;
+      t.result = m->data.result;
+    }
+  }
+}
+
 std::size_t HttpStream::read(std::uint8_t* out, std::size_t n) {
   while (true) {
     Transfer& t = *transfer_;
     take_answer();
     if (t.pos < t.buffer.size()) {
+      if (!t.done && t.buffer.size() - t.pos < Transfer::kHigh / 2) pump();
       const std::size_t k = std::min(n, t.buffer.size() - t.pos);
       std::memcpy(out, t.buffer.data() + t.pos, k);
       t.pos += k;
@@ -658,21 +680,7 @@ std::size_t HttpStream::read(std::uint8_t* out, std::size_t n) {
       fail_or_retry(0, str("no byte for ", request_.retry.stall_timeout.count(), " s"), true);
       continue;
     }
-    SigpipeGuard guard;
-    if (t.paused) {
-      t.paused = false;
-      t.last_byte = std::chrono::steady_clock::now();
-      ::curl_easy_pause(t.easy, CURLPAUSE_CONT);
-    }
-    int running = 0;
-    ::curl_multi_perform(t.multi, &running);
-    int left = 0;
-    while (CURLMsg* m = ::curl_multi_info_read(t.multi, &left)) {
-      if (m->msg == CURLMSG_DONE) {
-        t.done = true;
-        t.result = m->data.result;
-      }
-    }
+    pump();
     if (!t.done && t.pos >= t.buffer.size() && !t.paused) {
       ::curl_multi_poll(t.multi, nullptr, 0, 200, nullptr);
     }

@@ -114,6 +114,7 @@ class HttpStream {
   struct Transfer;
   void start();
   void take_answer();
+  void pump();
   void fail_or_retry(long status, const std::string& why, bool retryable);
 
   Request request_;

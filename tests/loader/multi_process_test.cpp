@@ -750,7 +750,9 @@ TEST(InProcess, SamplesBuiltInTheirBatchsMemoryArriveIntactWhateverTheyReturn) {
         // resized for the short last one).
         EXPECT_EQ(in_place, kSize - 8) << "epoch " << epoch;
       }
-      if (mode == Mode::kVaryingShapes) EXPECT_EQ(in_place, 0u);
+      if (mode == Mode::kVaryingShapes) {
+        EXPECT_EQ(in_place, 0u);
+      }
     }
     for (const Batch& b : kept) {  // still intact after the loader went on
       const torch::Tensor x = b["x"];

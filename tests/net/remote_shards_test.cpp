@@ -236,6 +236,17 @@ TEST_F(RemoteShards, CutsSlowDownsAndStallsAreRetriedAndResumedAndNothingIsLostO
       vision::expand_shards("s3://data/train/shard-{000000..000003}.tar"), o);
   DataLoader loader(dataset, {.batch_size = 5, .num_workers = 2});
   EXPECT_TRUE(run_epoch(loader) == local_stream(0));
+  // The loader's stats count what the workers' requests did.
+  std::uint64_t bytes = 0, retries = 0, made = 0;
+  for (const WorkerTimeStats& w : loader.stats().total.workers) {
+    bytes += w.net_bytes;
+    retries += w.net_retries;
+    made += w.net_requests;
+  }
+  EXPECT_GE(bytes, static_cast<std::uint64_t>(kShards) *
+                       fs::file_size(dir_ / "local" / "shard-000000.tar") * 9 / 10);
+  EXPECT_GE(retries, 5u) << "a reset, two SlowDowns, a truncation, a stall";
+  EXPECT_EQ(made, kShards + retries);
   std::map<std::string, std::vector<json>> requests;
   for (const std::string& line : log_lines(log)) {
     const json r = json::parse(line);
