@@ -34,6 +34,7 @@
 #include "net/byte_source.h"
 #include "net/http.h"
 #include "net/shard_cache.h"
+#include "support/command.h"
 #include "support/servers.h"
 #include "support/timing.h"
 
@@ -375,6 +376,32 @@ TEST_F(RemoteShards, AStreamCheckpointResumesWithARangedGetAndLosesNothing) {
   rest.insert(first.begin(), first.end());
   EXPECT_TRUE(rest == whole);
 }
+
+#if defined(FERRY_CLI)
+// `ferry preprocess` over shards in the bucket writes the same bytes as over the local shards.
+TEST_F(RemoteShards, PreprocessFromABucketWritesTheBytesOfTheLocalRun) {
+  auto job = [&](const std::string& name, const std::string& shards) {
+    const fs::path file = dir_ / (name + ".yaml");
+    std::ofstream(file) << "input: {webdataset: {shards: \"" << shards << "\"}}\n"
+                        << "transforms: [{resize: {size: 8}}]\n"
+                        << "output: {path: " << (dir_ / name).string()
+                        << ", format: shards, shard_samples: 30}\nworkers: 2\n";
+    const test::CommandResult r =
+        test::run_command(std::string(FERRY_CLI) + " preprocess '" + file.string() + "'");
+    EXPECT_EQ(r.code, 0) << r.err;
+  };
+  job("pre-s3", "s3://data/train/shard-{000000..000003}.tar");
+  job("pre-local", (dir_ / "local" / "shard-{000000..000003}.tar").string());
+  std::size_t compared = 0;
+  for (const auto& e : fs::directory_iterator(dir_ / "pre-local")) {
+    if (e.is_directory()) continue;  // the job's records name their input
+    EXPECT_EQ(test::slurp(e.path()), test::slurp(dir_ / "pre-s3" / e.path().filename()))
+        << e.path().filename();
+    ++compared;
+  }
+  EXPECT_EQ(compared, 2u * 4 + 1) << "4 shards, their indexes and stats.json";
+}
+#endif
 
 // ---- the node-local cache ----
 
