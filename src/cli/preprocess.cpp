@@ -39,6 +39,8 @@
 #include "datasets/tar.h"
 #include "ipc/files.h"
 #include "ipc/unique_fd.h"
+#include "net/byte_source.h"
+#include "net/http.h"
 #include "transforms/image_state.h"
 
 namespace ferry::cli {
@@ -524,8 +526,8 @@ void claim_folder(const Job& job, std::size_t rank) {
   if (!fs::exists(path, ec) && fs::exists(job.out, ec)) {
     for (const ipc::DirectoryEntry& entry : ipc::list_directory(job.out, ec)) {
       if (entry.name != kStateDir) {
-        throw ConfigError(str(job.out.string(), " holds files (", entry.name,
-                              ", ...) but no ", kStateDir, "/job.json, so it is not the output of ",
+        throw ConfigError(str(job.out.string(), " holds files (", entry.name, ", ...) but no ",
+                              kStateDir, "/job.json, so it is not the output of ",
                               "a preprocess job; write to an empty or new output.path"));
       }
     }
@@ -842,6 +844,46 @@ std::pair<std::size_t, std::size_t> chain_of(const std::map<std::size_t, Record>
   return {part, covered};
 }
 
+// ---- a bucket output: the staging folder's finished parts, uploaded ----
+
+// An output in a bucket is written into a local staging folder as any output is, and mirrored:
+// job.json first, then each part's files and after them its record (a part is done in the
+// bucket when its record is there, as on disk), stats.json last. Each object appears whole or not
+// at all (an S3 PUT), so a job killed at any moment leaves nothing in the bucket that looks
+// complete and is not, and the next run uploads what a record in the staging folder has and the
+// bucket lacks.
+class Mirror {
+ public:
+  explicit Mirror(const Job& job) : job_(job) {}
+  bool active() const noexcept { return !job_.upload.empty(); }
+
+  void put(const std::string& relative) const {
+    net::http_put_file(request(relative), (job_.out / relative).string());
+  }
+  bool has(const std::string& relative) const { return net::http_exists(request(relative)); }
+  void remove(const std::string& relative) const { net::http_delete(request(relative)); }
+
+  // A finished part: its files (a shard and its index, or images), then its record.
+  void put_part(std::size_t part, const Record& record) const {
+    for (const auto& f : record.files) {
+      if (job_.shards) {
+        put(f.at("name").get<std::string>());
+        put(f.at("name").get<std::string>() + ".idx");
+      } else {
+        put(f.get<std::string>());
+      }
+    }
+    kill_point("part-uploaded");
+    put(std::string(kStateDir) + "/" + part_file(part));
+  }
+
+ private:
+  net::Request request(const std::string& relative) const {
+    return net::request_for(job_.upload + "/" + relative);
+  }
+  const Job& job_;
+};
+
 // ---- the job ----
 
 int run_preprocess(const PreprocessOptions& options) {
@@ -871,6 +913,25 @@ int run_preprocess(const PreprocessOptions& options) {
   claim_folder(job, rank);
   const std::vector<std::int64_t> order = input_order(n, job.shuffle_seed);
   std::map<std::size_t, Record> records = read_records(job);
+  const Mirror mirror(job);
+  if (mirror.active()) {
+    // What a killed run finished here but did not upload goes up first.
+    const std::string job_file = std::string(kStateDir) + "/job.json";
+    if (!mirror.has(job_file)) mirror.put(job_file);
+    std::size_t uploaded = 0;
+    for (const auto& [part, record] : records) {
+      if (!mirror.has(std::string(kStateDir) + "/" + part_file(part))) {
+        mirror.put_part(part, record);
+        ++uploaded;
+      }
+    }
+    if (uploaded > 0) {
+      std::fprintf(stderr,
+                   "preprocess: uploaded %zu parts a killed run had finished but not "
+                   "uploaded, to %s\n",
+                   uploaded, job.upload.c_str());
+    }
+  }
 
   // The parts this rank writes, and where each starts in the order.
   std::vector<std::pair<std::size_t, std::size_t>> todo;  // (part, first position)
@@ -923,6 +984,13 @@ int run_preprocess(const PreprocessOptions& options) {
   std::unique_ptr<PartWriter> writer;
   const auto finish_part = [&] {
     writer->finish(state_dir);
+    if (mirror.active()) {
+      const std::size_t part = writer->part();
+      mirror.put_part(
+          part, check_record(job, part,
+                             json::parse(ipc::read_file(state_dir / part_file(part), "record")),
+                             /*check_files=*/false));
+    }
     images += writer->totals().images;
     skipped += writer->totals().skipped.size();
     ++written_parts;
@@ -1096,11 +1164,20 @@ int run_preprocess(const PreprocessOptions& options) {
         fs::remove(job.out / shard_name(job, it->first), ec);
         fs::remove(job.out / (shard_name(job, it->first) + ".idx"), ec);
         fs::remove(state_dir / part_file(it->first), ec);
+        if (mirror.active()) {  // the record first: the part is not done in the bucket either
+          mirror.remove(std::string(kStateDir) + "/" + part_file(it->first));
+          mirror.remove(shard_name(job, it->first));
+          mirror.remove(shard_name(job, it->first) + ".idx");
+        }
         it = records.erase(it);
       }
       for (std::size_t later = part;; ++later) {  // shards past the end with no record
         const bool shard = fs::remove(job.out / shard_name(job, later), ec);
         const bool index = fs::remove(job.out / (shard_name(job, later) + ".idx"), ec);
+        if (mirror.active() && (shard || index)) {
+          mirror.remove(shard_name(job, later));
+          mirror.remove(shard_name(job, later) + ".idx");
+        }
         if (!shard && !index) break;
       }
     }
@@ -1119,6 +1196,7 @@ int run_preprocess(const PreprocessOptions& options) {
     stats = statistics(job, records);
     ipc::write_file_atomically(stats_path, stats.dump(1) + "\n", "statistics",
                                str(stats_path.string(), ".partial-", ::getpid()));
+    if (mirror.active()) mirror.put(job.stats_name);
   }
   finishing.reset();
   const double seconds = progress.elapsed();

@@ -27,6 +27,7 @@
 
 #include "config/components.h"
 #include "core/hash.h"
+#include "net/url.h"
 
 namespace ferry::cli {
 
@@ -84,7 +85,14 @@ const TypeInfo& output_keys() {
           {.name = "path",
            .type = ValueType::kString,
            .required = true,
-           .help = "the folder to write (created)",
+           .help = "the folder to write (created), or s3://bucket/prefix/ to upload each "
+                   "finished part to",
+           .is_path = true},
+          {.name = "staging",
+           .type = ValueType::kString,
+           .default_value = "",
+           .help = "for an s3:// path: the local folder the job writes before uploading, kept "
+                   "for a resume; default ~/.cache/ferry/preprocess/<hash of the path>",
            .is_path = true},
           {.name = "format",
            .type = ValueType::kString,
@@ -195,7 +203,28 @@ Job read_job(const PreprocessOptions& options) {
   const Config* output_node = root.find("output");
   const Config output = check_keys(output_keys(), *output_node, "output", "the output");
   const Args out(output_keys(), output, "output");
-  job.out = (base / out.get<std::string>("path")).lexically_normal();
+  const std::string out_path = out.get<std::string>("path");
+  if (net::is_remote(out_path)) {
+    if (net::parse_location(out_path).scheme != net::Scheme::kS3) {
+      out.fail("path", "a remote output is an s3:// URL (https:// and pipe: are read-only)");
+    }
+    job.upload = out_path;
+    while (!job.upload.empty() && job.upload.back() == '/') job.upload.pop_back();
+    std::string staging = out.get<std::string>("staging");
+    if (staging.empty()) {
+      const char* cache = std::getenv("XDG_CACHE_HOME");
+      const char* home = std::getenv("HOME");
+      const fs::path root = cache != nullptr && *cache != '\0' ? fs::path(cache)
+                            : home != nullptr                  ? fs::path(home) / ".cache"
+                                                               : fs::temp_directory_path();
+      staging =
+          (root / "ferry" / "preprocess" / ferry::detail::hex64(ferry::detail::fnv1a(job.upload)))
+              .string();
+    }
+    job.out = (base / staging).lexically_normal();
+  } else {
+    job.out = (base / out_path).lexically_normal();
+  }
   job.shards = out.get<std::string>("format") == "shards";
   job.image_format = vision::parse_image_format(out.get<std::string>("image_format"));
   job.quality = static_cast<int>(out.get<std::int64_t>("quality"));

@@ -43,7 +43,10 @@ struct Job {
   vision::ImageMode mode = vision::ImageMode::kRGB;
   std::int64_t max_pixels = vision::kDefaultMaxPixels;
   TransformList transforms;
-  std::filesystem::path out;
+  std::filesystem::path out;  // the folder written (for a bucket output: its staging folder)
+  // output.path in a bucket (s3://bucket/prefix, no trailing '/'); "" for a local folder. The job
+  // is written into `out` as for a local one, and each finished part uploaded (preprocess.cpp).
+  std::string upload;
   bool shards = true;
   vision::ImageFormat image_format = vision::ImageFormat::kJpeg;
   int quality = 90;

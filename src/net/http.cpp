@@ -293,7 +293,8 @@ Answer perform(const Request& r,
                Sink&& sink,
                Restart&& restart,
                bool missing_ok,
-               const std::string& if_match = {}) {
+               const std::string& if_match = {},
+               const char* method = nullptr) {
   int failures = 0;
   int attempts = 0;
   while (true) {
@@ -306,6 +307,7 @@ Answer perform(const Request& r,
     if (!if_match.empty()) headers.add("If-Match: " + if_match);
     ::curl_easy_setopt(easy, CURLOPT_HTTPHEADER, headers.get());
     if (head) ::curl_easy_setopt(easy, CURLOPT_NOBODY, 1L);
+    if (method != nullptr) ::curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, method);
     ::curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, &on_header);
     ::curl_easy_setopt(easy, CURLOPT_HEADERDATA, &answer);
     struct Context {
@@ -485,6 +487,20 @@ void http_put_file(const Request& request, const std::string& path) {
     }
     backoff(request.retry, failures);
   }
+}
+
+void http_delete(const Request& request) {
+  const Answer a = perform(
+      request, false, [](const Answer&, const std::uint8_t*, std::size_t) { return true; },
+      [] { return std::string(); }, true, {}, "DELETE");
+  (void)a;
+}
+
+bool http_exists(const Request& request) {
+  const Answer a = perform(
+      request, true, [](const Answer&, const std::uint8_t*, std::size_t) { return true; },
+      [] { return std::string(); }, true);
+  return a.status != 404;
 }
 
 // ---- HttpStream ----

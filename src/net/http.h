@@ -92,6 +92,12 @@ void http_read_range(const Request& request,
 // PUT of a local file's bytes (an upload; retried whole).
 void http_put_file(const Request& request, const std::string& path);
 
+// DELETE; an object already gone is no error.
+void http_delete(const Request& request);
+
+// Whether the object exists (HEAD: 2xx true, 404 false; anything else throws HttpError).
+bool http_exists(const Request& request);
+
 // A body read front to back as it arrives, from one GET (a new ranged GET, pinned to the ETag,
 // only after a failure). At most about 1 MiB is held: curl is paused while the reader lags.
 class HttpStream {

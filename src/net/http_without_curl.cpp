@@ -16,6 +16,8 @@ HttpCounters http_counters() noexcept { return {}; }
 std::optional<std::string> http_get(const Request& r, bool, std::size_t) { no_curl(r); }
 ObjectInfo http_head(const Request& r) { no_curl(r); }
 void http_put_file(const Request& r, const std::string&) { no_curl(r); }
+void http_delete(const Request& r) { no_curl(r); }
+bool http_exists(const Request& r) { no_curl(r); }
 void http_read_range(
     const Request& r, const std::string&, std::uint64_t, std::size_t, std::uint8_t*) {
   no_curl(r);

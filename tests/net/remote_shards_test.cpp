@@ -31,9 +31,11 @@
 #include "ferry/vision/webdataset.h"
 
 #include "datasets/tar.h"
+#include "net/aws.h"
 #include "net/byte_source.h"
 #include "net/http.h"
 #include "net/shard_cache.h"
+#include "net/url.h"
 #include "support/command.h"
 #include "support/servers.h"
 #include "support/timing.h"
@@ -400,6 +402,65 @@ TEST_F(RemoteShards, PreprocessFromABucketWritesTheBytesOfTheLocalRun) {
     ++compared;
   }
   EXPECT_EQ(compared, 2u * 4 + 1) << "4 shards, their indexes and stats.json";
+}
+
+// Every key under `prefix` in bucket "data" with its bytes, keys relative to the prefix.
+std::map<std::string, std::string> bucket_contents(const std::string& prefix) {
+  const net::S3Settings settings = net::resolve_s3_settings();
+  net::Request list;
+  list.url =
+      settings.bucket_url("data") + "?list-type=2&prefix=" + net::percent_encode(prefix, false);
+  list.display = "list " + prefix;
+  list.region = settings.region;
+  list.credentials = std::make_shared<const net::S3Credentials>(*settings.credentials);
+  const std::string xml = *net::http_get(list);
+  std::map<std::string, std::string> out;
+  for (std::size_t at = 0; (at = xml.find("<Key>", at)) != std::string::npos;) {
+    const std::size_t end = xml.find("</Key>", at);
+    const std::string key = xml.substr(at + 5, end - at - 5);
+    out[key.substr(prefix.size())] = *net::http_get(net::request_for("s3://data/" + key));
+    at = end;
+  }
+  return out;
+}
+
+// `ferry preprocess` writing to a bucket, killed at every step of its parts and of their uploads
+// and run again: the bucket ends byte for byte as an uninterrupted run of the same job leaves it.
+TEST_F(RemoteShards, PreprocessToABucketKilledAtEveryStepEndsWithTheSameObjects) {
+  const fs::path file = dir_ / "upload.yaml";
+  std::ofstream(file) << "input: {webdataset: {shards: \""
+                      << (dir_ / "local" / "shard-{000000..000003}.tar").string() << "\"}}\n"
+                      << "transforms: [{resize: {size: 8}}]\n"
+                      << "output: {path: \"s3://data/up/\", staging: "
+                      << (dir_ / "staging").string()
+                      << ", format: shards, shard_samples: 20}\nworkers: 2\n";
+  auto run = [&](const std::string& kill_at) {
+    return test::run_command(
+        (kill_at.empty() ? std::string() : "FERRY_PREPROCESS_KILL_AT=" + kill_at + " ") +
+        std::string(FERRY_CLI) + " preprocess '" + file.string() + "'");
+  };
+  auto start_over = [&] {  // the bucket's objects and the staging folder gone
+    for (const auto& [key, bytes] : bucket_contents("up/")) {
+      net::http_delete(net::request_for("s3://data/up/" + key));
+    }
+    fs::remove_all(dir_ / "staging");
+  };
+  const test::CommandResult ref = run("");
+  ASSERT_EQ(ref.code, 0) << ref.err;
+  const auto reference = bucket_contents("up/");
+  EXPECT_EQ(reference.size(), 5u * 3 + 1 + 1) << "5 shards, indexes and records; job.json; stats";
+  EXPECT_TRUE(reference.count("stats.json"));
+  for (const std::string point : {"part-uploaded:1", "part-uploaded:4", "record-written:2",
+                                  "part-done:3", "shard-written:5"}) {
+    start_over();
+    const test::CommandResult killed = run(point);
+    EXPECT_EQ(killed.code, 128 + SIGKILL) << point << ": " << killed.err;
+    EXPECT_FALSE(bucket_contents("up/").count("stats.json")) << point;
+    const test::CommandResult resumed = run("");
+    ASSERT_EQ(resumed.code, 0) << point << ": " << resumed.err;
+    EXPECT_TRUE(bucket_contents("up/") == reference)
+        << point << ": other objects, or other bytes, after the resume";
+  }
 }
 #endif
 
