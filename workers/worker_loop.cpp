@@ -48,6 +48,16 @@ std::size_t g_crash_prefix_len = 0;
 
 // The sample being loaded, for the watchdog's message.
 volatile std::int64_t g_current_index = -1;
+
+// Remote shards' transfers that ended (net::set_transfer_observer), for the trace: from any
+// thread that loads samples (worker_threads > 1), taken by the next batch's message.
+std::mutex g_transfers_mutex;
+std::vector<ipc::SpanRecord> g_transfers;
+
+void on_transfer(std::uint64_t start_ns, std::uint64_t end_ns, std::uint64_t /*bytes*/) {
+  const std::lock_guard<std::mutex> lock(g_transfers_mutex);
+  if (g_transfers.size() < 4096) g_transfers.push_back({ipc::kDownloadSpan, start_ns, end_ns});
+}
 char g_watchdog_prefix[96];
 std::size_t g_watchdog_prefix_len = 0;
 
@@ -239,6 +249,7 @@ class Worker {
         who_{spec.worker_id, spec.num_workers, spec.base_seed} {
     fetch_options_.threads = spec.worker_threads;
     fetch_options_.skip_errors = spec.skip_errors;
+    if (spec.trace) net::set_transfer_observer(&on_transfer);
     const bool watch = spec.sample_timeout.count() > 0;
     if (watch || spec.trace) {
       fetch_options_.before_sample = [this, watch](std::int64_t index) {
@@ -543,6 +554,11 @@ class Worker {
         last_cpu_ns_ = cpu;
         last_cpu_read_ns_ = now;
       }
+    }
+    if (spec_.trace) {  // remote shards' transfers that ended since the previous batch
+      const std::lock_guard<std::mutex> lock(g_transfers_mutex);
+      spans_.insert(spans_.end(), g_transfers.begin(), g_transfers.end());
+      g_transfers.clear();
     }
     // Remote shards' counters, exact: what this process did since the previous batch.
     const net::HttpCounters http = net::http_counters();

@@ -107,6 +107,7 @@ struct SpanRecord {
 };
 inline constexpr std::int64_t kCollateSpan = -1;
 inline constexpr std::int64_t kLoadSpan = -2;
+inline constexpr std::int64_t kDownloadSpan = -3;  // a remote shard's transfer (net/http.h)
 struct BatchReadyMessage {  // batch `sequence` is in segment `segment_id` (its fd attached once)
   std::uint64_t epoch = 0;
   std::uint64_t sequence = 0;

@@ -422,6 +422,8 @@ void MultiProcessEpoch::account(const WorkerSlot& w, const ipc::BatchReadyMessag
       trace.worker_collate(w.id, span.start_ns, span.end_ns, m.epoch, m.sequence, m.indices.size());
     } else if (span.index == ipc::kLoadSpan) {
       trace.worker_load(w.id, span.start_ns, span.end_ns, m.epoch, m.sequence);
+    } else if (span.index == ipc::kDownloadSpan) {
+      trace.worker_download(w.id, span.start_ns, span.end_ns);
     } else {
       trace.worker_sample(w.id, span.start_ns, span.end_ns, m.epoch, m.sequence, span.index);
     }

@@ -102,6 +102,14 @@ void Tracer::worker_load(std::size_t worker,
         .batch = static_cast<std::int64_t>(batch)});
 }
 
+void Tracer::worker_download(std::size_t worker, std::uint64_t start_ns, std::uint64_t end_ns) {
+  if (!plausible(start_ns, end_ns)) return;
+  push({.kind = Kind::kDownload,
+        .track = static_cast<std::uint32_t>(worker + 1),
+        .start_ns = start_ns,
+        .end_ns = end_ns});
+}
+
 void Tracer::batch_dispatched(std::uint64_t epoch, std::uint64_t batch, std::size_t worker) {
   const std::uint64_t now = now_ns();
   push({.kind = Kind::kBatchBegin,
@@ -213,6 +221,12 @@ std::string Tracer::json() const {
                       "\"tid\":%u,\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"epoch\":%llu,"
                       "\"batch\":%lld}}",
                       pid_, e.track, ts, dur, epoch, batch);
+        break;
+      case Kind::kDownload:
+        std::snprintf(line, sizeof line,
+                      ",\n{\"ph\":\"X\",\"name\":\"download\",\"cat\":\"worker\",\"pid\":%d,"
+                      "\"tid\":%u,\"ts\":%.3f,\"dur\":%.3f}",
+                      pid_, e.track, ts, dur);
         break;
       case Kind::kBatchBegin:
         std::snprintf(line, sizeof line,

@@ -39,6 +39,8 @@ class Tracer {
                    std::uint64_t end_ns,
                    std::uint64_t epoch,
                    std::uint64_t batch);
+  // A remote shard's transfer a worker made (one GET, or one attempt of it).
+  void worker_download(std::size_t worker, std::uint64_t start_ns, std::uint64_t end_ns);
   // A batch's life: dispatched to a worker, delivered to the loop.
   void batch_dispatched(std::uint64_t epoch, std::uint64_t batch, std::size_t worker);
   void batch_delivered(std::uint64_t epoch, std::uint64_t batch);
@@ -57,6 +59,7 @@ class Tracer {
     kSample,
     kCollate,
     kLoad,
+    kDownload,
     kBatchBegin,
     kBatchEnd,
     kInstant

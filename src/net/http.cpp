@@ -24,6 +24,19 @@ namespace {
 std::atomic<std::uint64_t> g_requests{0};
 std::atomic<std::uint64_t> g_retries{0};
 std::atomic<std::uint64_t> g_bytes{0};
+std::atomic<TransferObserver> g_observer{nullptr};
+
+std::uint64_t monotonic_ns() noexcept {
+  timespec t{};
+  ::clock_gettime(CLOCK_MONOTONIC, &t);
+  return static_cast<std::uint64_t>(t.tv_sec) * 1'000'000'000ull +
+         static_cast<std::uint64_t>(t.tv_nsec);
+}
+
+void observe(std::uint64_t start_ns, std::uint64_t bytes) noexcept {
+  if (TransferObserver o = g_observer.load(std::memory_order_relaxed))
+    o(start_ns, monotonic_ns(), bytes);
+}
 
 void global_init() {
   static std::once_flag once;
@@ -330,10 +343,13 @@ Answer perform(const Request& r,
     watch.arm(easy);
     ++g_requests;
     ++attempts;
+    const std::uint64_t bytes_before = g_bytes.load(std::memory_order_relaxed);
+    const std::uint64_t started = monotonic_ns();
     {
       SigpipeGuard guard;
       answer.result = ::curl_easy_perform(easy);
     }
+    observe(started, g_bytes.load(std::memory_order_relaxed) - bytes_before);
     const std::string code = xml_field(answer.error_body, "Code");
     if (answer.result == CURLE_WRITE_ERROR) return answer;  // the sink stopped it
     if (answer.result == CURLE_OK && answer.status >= 200 && answer.status < 300) return answer;
@@ -357,6 +373,8 @@ Answer perform(const Request& r,
 }
 
 }  // namespace
+
+void set_transfer_observer(TransferObserver observer) noexcept { g_observer.store(observer); }
 
 HttpCounters http_counters() noexcept {
   return {g_requests.load(), g_retries.load(), g_bytes.load()};
@@ -509,6 +527,8 @@ struct HttpStream::Transfer {
   static constexpr std::size_t kHigh = 1 << 20;
 
   pid_t pid = ::getpid();
+  std::uint64_t started = monotonic_ns();
+  std::uint64_t received = 0;
   CURLM* multi = nullptr;
   CURL* easy = nullptr;
   HeaderList headers;
@@ -525,6 +545,7 @@ struct HttpStream::Transfer {
 
   ~Transfer() {
     if (pid != ::getpid()) return;  // came through a fork: the parent's, left alone
+    observe(started, received);
     if (multi != nullptr && easy != nullptr) ::curl_multi_remove_handle(multi, easy);
     if (easy != nullptr) ::curl_easy_cleanup(easy);
     if (multi != nullptr) ::curl_multi_cleanup(multi);
@@ -555,6 +576,7 @@ struct HttpStream::Transfer {
     }
     t->buffer.insert(t->buffer.end(), data + drop, data + bytes);
     g_bytes += bytes;
+    t->received += bytes;
     return bytes;
   }
 };

@@ -65,6 +65,14 @@ struct ObjectInfo {
   std::string etag;  // as the server sent it, quotes included; empty if none
 };
 
+// Told of each transfer when it ends (every attempt of every request, and a stream's body), on
+// the thread that made it: its start and end (CLOCK_MONOTONIC, ns) and the bytes received. One
+// per process; a worker that traces sets it (nullptr: none).
+using TransferObserver = void (*)(std::uint64_t start_ns,
+                                  std::uint64_t end_ns,
+                                  std::uint64_t bytes);
+void set_transfer_observer(TransferObserver observer) noexcept;
+
 // Counters of this process's requests, for stats and tests.
 struct HttpCounters {
   std::uint64_t requests = 0;

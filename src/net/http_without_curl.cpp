@@ -13,6 +13,7 @@ namespace {
 }  // namespace
 
 HttpCounters http_counters() noexcept { return {}; }
+void set_transfer_observer(TransferObserver) noexcept {}
 std::optional<std::string> http_get(const Request& r, bool, std::size_t) { no_curl(r); }
 ObjectInfo http_head(const Request& r) { no_curl(r); }
 void http_put_file(const Request& r, const std::string&) { no_curl(r); }

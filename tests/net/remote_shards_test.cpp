@@ -184,8 +184,19 @@ TEST_F(RemoteShards, AStreamFromS3EqualsTheLocalShardsByteForByte) {
     auto dataset = std::make_shared<WebDatasetStream>(
         vision::expand_shards("s3://data/train/shard-{000000..000003}.tar"),
         WebDatasetStream::Options{});
-    DataLoader loader(dataset, {.batch_size = 5, .num_workers = workers});
-    EXPECT_TRUE(run_epoch(loader) == local) << workers << " workers";
+    const fs::path trace = dir_ / ("stream-" + std::to_string(workers) + ".trace.json");
+    {
+      DataLoader loader(dataset,
+                        {.batch_size = 5, .num_workers = workers, .trace_path = trace.string()});
+      EXPECT_TRUE(run_epoch(loader) == local) << workers << " workers";
+    }
+    if (workers > 0) {  // the workers' transfers are spans of their tracks
+      const json events = json::parse(test::slurp(trace))["traceEvents"];
+      const auto downloads = std::count_if(events.begin(), events.end(), [](const json& e) {
+        return e.value("name", "") == "download" && e.value("tid", 0) >= 1;
+      });
+      EXPECT_EQ(downloads, kShards) << "one span per shard's GET";
+    }
   }
 }
 
