@@ -861,6 +861,9 @@ class Mirror {
     net::http_put_file(request(relative), (job_.out / relative).string());
   }
   bool has(const std::string& relative) const { return net::http_exists(request(relative)); }
+  std::optional<std::string> get(const std::string& relative) const {
+    return net::http_get(request(relative), /*missing_ok=*/true, 1u << 20);
+  }
   void remove(const std::string& relative) const { net::http_delete(request(relative)); }
 
   // A finished part: its files (a shard and its index, or images), then its record.
@@ -917,7 +920,19 @@ int run_preprocess(const PreprocessOptions& options) {
   if (mirror.active()) {
     // What a killed run finished here but did not upload goes up first.
     const std::string job_file = std::string(kStateDir) + "/job.json";
-    if (!mirror.has(job_file)) mirror.put(job_file);
+    if (const auto theirs = mirror.get(job_file)) {
+      // The prefix holds a job's output: this one's, or the run would mix two jobs' parts.
+      const json bucket_job = json::parse(*theirs);
+      if (bucket_job.value("fingerprint", "") != job.fingerprint) {
+        throw ConfigError(str(job.upload, " holds the output of another preprocess job (its ",
+                              kStateDir, "/job.json has fingerprint ",
+                              bucket_job.value("fingerprint", "?"), ", this job's is ",
+                              job.fingerprint, "); write to another output.path, or delete ",
+                              "that prefix's objects"));
+      }
+    } else {
+      mirror.put(job_file);
+    }
     std::size_t uploaded = 0;
     for (const auto& [part, record] : records) {
       if (!mirror.has(std::string(kStateDir) + "/" + part_file(part))) {

@@ -361,7 +361,14 @@ Job read_job(const PreprocessOptions& options) {
   // What the output's bytes depend on: not where it is, nor how many workers make it.
   Config output_settings = output;
   output_settings.erase("path");
-  job.settings = {{"input", to_yaml(resolved_input)},
+  output_settings.erase("staging");
+  // Nor how remote shards are fetched (retries, timeouts, the cache): the same bytes come.
+  Config input_settings = resolved_input;
+  for (const char* how :
+       {"download_retry", "download_timeout", "cache_dir", "cache_limit", "prefetch"}) {
+    if (input_settings.is_map()) input_settings.erase(how);
+  }
+  job.settings = {{"input", to_yaml(input_settings)},
                   {"transforms", to_yaml(resolved_transforms)},
                   {"output", to_yaml(output_settings)},
                   {"on_error", args.get<std::string>("on_error")},

@@ -126,7 +126,12 @@ std::vector<Sample> read_shard(const std::string& shard,
   if (remote != nullptr) {
     size = remote->first;
     if (use_index) {
-      index_text = net::http_get(net::request_for(shard + ".idx", retry), true, 1u << 30);
+      try {
+        index_text = net::http_get(net::request_for(shard + ".idx", retry), true, 1u << 30);
+      } catch (const net::HttpError& e) {
+        // S3 answers 403, not 404, for a missing key to a role that may not list the bucket.
+        if (e.status() != 403) throw;
+      }
     }
   } else {
     std::error_code ec;
@@ -317,7 +322,8 @@ WebDataset::WebDataset(std::vector<std::string> shards, WebDatasetOptions option
     if (net::is_remote(shards_[s])) {
       const net::Location loc = net::parse_location(shards_[s]);
       if (loc.scheme == net::Scheme::kPipe) {
-        throw DataError(str("webdataset: shard '", shards_[s], "': a pipe is read front to back; ",
+        throw DataError(str("webdataset: shard '", net::redact(shards_[s]),
+                            "': a pipe is read front to back; ",
                             "use webdataset_stream, or an s3:// or https:// URL"));
       }
       if (remote_.empty()) remote_.resize(shards_.size());
@@ -348,16 +354,16 @@ torch::Tensor WebDataset::read_field(std::size_t index, const std::string& exten
           field.offset, field.size);
     }
   }
-  throw DataError(str("WebDataset sample ", index, " (", shards_[sample.shard], " key ", sample.key,
-                      "): no .", extension, " member"));
+  throw DataError(str("WebDataset sample ", index, " (", net::redact(shards_[sample.shard]),
+                      " key ", sample.key, "): no .", extension, " member"));
 }
 
 Example WebDataset::get(std::size_t index, SampleContext& ctx) const {
   FERRY_CHECK(index < samples_.size(), "WebDataset: index ", index, " is out of range (",
               samples_.size(), " samples)");
   const Sample& sample = samples_[index];
-  const std::string where =
-      str("WebDataset sample ", index, " (", shards_[sample.shard], " key ", sample.key, ")");
+  const std::string where = str("WebDataset sample ", index, " (",
+                                net::redact(shards_[sample.shard]), " key ", sample.key, ")");
   const Field* image = find_image(sample, options_);
   if (image == nullptr) {
     throw DataError(str(where, ": no image member (tried ", image_choices(options_), ")"));
@@ -396,13 +402,13 @@ Example WebDataset::get(std::size_t index, SampleContext& ctx) const {
                         sample.key, static_cast<std::int64_t>(index), where, ctx);
   }
   // A local file, or a remote shard's complete copy in the node-local cache.
-  const vision::detail::TarReader reader(
-      remote
-          ? net::ShardCache(options_.cache_dir, options_.cache_limit)
-                .ensure(shard,
-                        net::ObjectInfo{remote_[sample.shard].first, remote_[sample.shard].second},
-                        retry_of(options_))
-          : shard);
+  const vision::detail::TarReader reader =
+      remote ? vision::detail::TarReader(net::ShardCache(options_.cache_dir, options_.cache_limit)
+                                             .open(shard,
+                                                   net::ObjectInfo{remote_[sample.shard].first,
+                                                                   remote_[sample.shard].second},
+                                                   retry_of(options_)))
+             : vision::detail::TarReader(shard);
   std::optional<torch::Tensor> label;
   if (label_field != nullptr) label = read_member(reader, label_field->offset, label_size);
   return make_example(options_, pipeline_, read_member(reader, image->offset, image->size), label,
@@ -428,6 +434,7 @@ class ShardStream : public ExampleStream {
               WebDatasetStream::Options options,
               std::shared_ptr<const Compose> pipeline)
       : shards_(std::move(shards)), options_(std::move(options)), pipeline_(std::move(pipeline)) {}
+  ~ShardStream() override { cancel_->store(true); }  // then prefetches_ waits for their ends
 
   std::optional<Example> next(SampleContext& ctx) override {
     while (shard_ < shards_.size()) {
@@ -438,10 +445,11 @@ class ShardStream : public ExampleStream {
         if (net::is_remote(source) && !options_.cache_dir.empty() &&
             net::parse_location(source).scheme != net::Scheme::kPipe) {
           prefetch_after(shard_);
-          source = net::ShardCache(options_.cache_dir, options_.cache_limit)
-                       .ensure(source, std::nullopt, retry_of(options_));
+          reader_.emplace(net::ShardCache(options_.cache_dir, options_.cache_limit)
+                              .open(source, std::nullopt, retry_of(options_)));
+        } else {
+          reader_.emplace(net::open_sequential(source, start_offset_, retry_of(options_)));
         }
-        reader_.emplace(net::open_sequential(source, start_offset_, retry_of(options_)));
         reader_->seek(start_offset_);
         start_offset_ = 0;
         pending_.reset();
@@ -525,14 +533,17 @@ class ShardStream : public ExampleStream {
       if (k < prefetched_) continue;
       prefetched_ = k + 1;
       if (net::parse_location(shards_[k]).scheme == net::Scheme::kPipe) continue;
-      prefetches_.push_back(std::async(
-          std::launch::async, [location = shards_[k], dir = options_.cache_dir,
-                               limit = options_.cache_limit, retry = retry_of(options_)] {
-            try {
-              net::ShardCache(dir, limit).ensure(location, std::nullopt, retry);
-            } catch (const std::exception&) {
-            }
-          }));
+      prefetches_.push_back(
+          std::async(std::launch::async,
+                     [location = shards_[k], dir = options_.cache_dir, limit = options_.cache_limit,
+                      retry = retry_of(options_), cancel = cancel_] {
+                       try {
+                         net::ShardCache(dir, limit)
+                             .ensure(location, std::nullopt, retry, cancel.get(),
+                                     /*count=*/false);
+                       } catch (const std::exception&) {
+                       }
+                     }));
     }
     // Finished ones go (their threads have ended).
     prefetches_.erase(std::remove_if(prefetches_.begin(), prefetches_.end(),
@@ -575,6 +586,8 @@ class ShardStream : public ExampleStream {
   std::optional<vision::detail::TarReader> reader_;
   std::optional<Member> pending_;
   std::size_t prefetched_ = 0;  // shards before this one have a prefetch started
+  // Set when the stream goes: a prefetch still downloading stops at its next chunk.
+  std::shared_ptr<std::atomic<bool>> cancel_ = std::make_shared<std::atomic<bool>>(false);
   // Declared last: destroyed first, so a prefetch running at destruction is waited for while
   // everything it may read is still here.
   std::vector<std::future<void>> prefetches_;

@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <mutex>
+#include <optional>
 
 #include "ferry/error.h"
 
@@ -133,7 +135,7 @@ class RangeSource : public ByteSource {
 // the end of its output, as WebDataset does, so a failed download is an error, not a short shard.
 class PipeSource : public ForwardSource {
  public:
-  explicit PipeSource(const std::string& location) : ForwardSource(0), name_(location) {
+  explicit PipeSource(const std::string& location) : ForwardSource(0), name_(redact(location)) {
     const std::string command = location.substr(5);
     int fds[2];
     if (::pipe2(fds, O_CLOEXEC) != 0) {
@@ -208,6 +210,42 @@ std::string xml_unescape(std::string s) {
   return s;
 }
 
+// The S3 settings, read once per process while the environment and the AWS files stay as they
+// were (a map-style dataset asks for every sample: one stat per file, not a read).
+S3Settings cached_s3_settings() {
+  static std::mutex mutex;
+  static std::string cached_key;
+  static std::optional<S3Settings> cached;
+  std::string key;
+  for (const char* name :
+       {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+        "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
+        "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE", "FERRY_S3_ADDRESSING_STYLE", "HOME"}) {
+    const char* v = std::getenv(name);
+    key += v == nullptr ? std::string("\x01") : std::string(v);
+    key += '\0';
+  }
+  const char* home = std::getenv("HOME");
+  for (const char* override_var : {"AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE"}) {
+    const char* v = std::getenv(override_var);
+    const std::string path =
+        v != nullptr && *v != '\0' ? std::string(v)
+        : home != nullptr
+            ? std::string(home) + (override_var[4] == 'S' ? "/.aws/credentials" : "/.aws/config")
+            : std::string();
+    struct stat st {};
+    if (!path.empty() && ::stat(path.c_str(), &st) == 0) {
+      key += str(st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec, ":", st.st_size, ";");
+    }
+  }
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (!cached || key != cached_key) {
+    cached = resolve_s3_settings();
+    cached_key = std::move(key);
+  }
+  return *cached;
+}
+
 }  // namespace
 
 Request request_for(const std::string& location, const RetryPolicy& retry) {
@@ -215,7 +253,8 @@ Request request_for(const std::string& location, const RetryPolicy& retry) {
   Request r;
   r.retry = retry;
   if (loc.scheme == Scheme::kS3) {
-    const S3Settings s = resolve_s3_settings();
+    const S3Settings s = cached_s3_settings();
+    r.credentials_source = s.source;
     r.url = s.object_url(loc.bucket, loc.key);
     r.display = location;  // s3://bucket/key carries no secret
     r.region = s.region;
@@ -261,7 +300,7 @@ std::unique_ptr<ByteSource> open_ranged(const std::string& location,
 std::vector<std::string> list_s3_tars(const std::string& prefix_url, const RetryPolicy& retry) {
   const Location loc = parse_location(prefix_url);
   if (loc.scheme != Scheme::kS3) throw Error("list_s3_tars: not an s3:// URL");
-  const S3Settings s = resolve_s3_settings();
+  const S3Settings s = cached_s3_settings();
   std::vector<std::string> out;
   std::string token;
   for (int page = 0;; ++page) {
@@ -269,10 +308,12 @@ std::vector<std::string> list_s3_tars(const std::string& prefix_url, const Retry
     r.retry = retry;
     r.region = s.region;
     if (s.credentials) r.credentials = std::make_shared<const S3Credentials>(*s.credentials);
+    r.credentials_source = s.source;
     // Query parameters sorted by name and encoded, as SigV4's canonical query string has them.
     std::string query;
     if (!token.empty()) query += "continuation-token=" + percent_encode(token, false) + "&";
-    query += "list-type=2&prefix=" + percent_encode(loc.key, false);
+    // One level, as a local folder is listed: keys under deeper prefixes are not this folder's.
+    query += "delimiter=%2F&list-type=2&prefix=" + percent_encode(loc.key, false);
     r.url = s.bucket_url(loc.bucket) + "?" + query;
     r.display = str(prefix_url, " (ListObjectsV2, page ", page + 1, ")");
     const std::string body = *http_get(r);
@@ -287,9 +328,15 @@ std::vector<std::string> list_s3_tars(const std::string& prefix_url, const Retry
       at = end;
     }
     const bool truncated = body.find("<IsTruncated>true</IsTruncated>") != std::string::npos;
+    if (!truncated) break;
     const auto t = body.find("<NextContinuationToken>");
-    if (!truncated || t == std::string::npos) break;
-    const auto te = body.find("</NextContinuationToken>", t);
+    const auto te = t == std::string::npos ? t : body.find("</NextContinuationToken>", t);
+    if (te == std::string::npos) {
+      throw DataError(str("shards ", prefix_url, ": the store says its listing goes on (page ",
+                          page + 1,
+                          ") but gives no continuation token; the listing would be "
+                          "cut short: list the shards with a brace pattern instead"));
+    }
     token = xml_unescape(body.substr(t + 23, te - t - 23));
   }
   std::sort(out.begin(), out.end());

@@ -3,6 +3,7 @@
 #include <curl/curl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -100,7 +101,10 @@ CURL* thread_easy() {
     pid_t pid = 0;
     CURL* easy = nullptr;
     ~Handle() {
-      if (easy != nullptr && pid == ::getpid()) ::curl_easy_cleanup(easy);
+      if (easy != nullptr && pid == ::getpid()) {
+        SigpipeGuard guard;
+        ::curl_easy_cleanup(easy);
+      }
     }
   };
   thread_local Handle handle;
@@ -117,8 +121,14 @@ CURL* thread_easy() {
 }
 
 // The settings every request shares: time limits, protocols, SigV4 signing.
+// Sockets close on exec: a spawned worker or a pipe: command inherits no connection.
+curl_socket_t open_socket(void*, curlsocktype, curl_sockaddr* address) {
+  return ::socket(address->family, address->socktype | SOCK_CLOEXEC, address->protocol);
+}
+
 void configure(CURL* easy, const Request& r, HeaderList& headers) {
   ::curl_easy_setopt(easy, CURLOPT_URL, r.url.c_str());
+  ::curl_easy_setopt(easy, CURLOPT_OPENSOCKETFUNCTION, &open_socket);
   ::curl_easy_setopt(easy, CURLOPT_NOSIGNAL, 1L);
 #if LIBCURL_VERSION_NUM >= 0x075500
   ::curl_easy_setopt(easy, CURLOPT_PROTOCOLS_STR, "http,https");
@@ -209,7 +219,11 @@ std::string describe_failure(const Request& r,
     s += transport;
   }
   s += str(" after ", attempts, attempts == 1 ? " attempt" : " attempts");
-  return s + "; " + advice(status, code);
+  s += "; " + advice(status, code);
+  if ((status == 403 || status == 400) && !r.credentials_source.empty()) {
+    s += " (credentials: " + r.credentials_source + ")";
+  }
+  return s;
 }
 
 void backoff(const RetryPolicy& p, int failures) {
@@ -317,7 +331,7 @@ Answer perform(const Request& r,
     Answer answer;
     const std::string range = restart();
     if (!range.empty()) headers.add("Range: " + range);
-    if (!if_match.empty()) headers.add("If-Match: " + if_match);
+    if (!if_match.empty() && if_match.rfind("W/", 0) != 0) headers.add("If-Match: " + if_match);
     ::curl_easy_setopt(easy, CURLOPT_HTTPHEADER, headers.get());
     if (head) ::curl_easy_setopt(easy, CURLOPT_NOBODY, 1L);
     if (method != nullptr) ::curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, method);
@@ -326,16 +340,23 @@ Answer perform(const Request& r,
     struct Context {
       Answer* answer;
       Sink* sink;
-    } context{&answer, &sink};
+      std::exception_ptr failure;
+    } context{&answer, &sink, nullptr};
     auto write = +[](char* data, std::size_t size, std::size_t n, void* user) -> std::size_t {
       auto* c = static_cast<Context*>(user);
       const std::size_t bytes = size * n;
-      if (c->answer->status < 200 || c->answer->status >= 300) {
-        if (c->answer->error_body.size() < 65536) c->answer->error_body.append(data, bytes);
-        return bytes;
+      try {  // nothing may unwind through curl
+        if (c->answer->status < 200 || c->answer->status >= 300) {
+          if (c->answer->error_body.size() < 65536) c->answer->error_body.append(data, bytes);
+          return bytes;
+        }
+        g_bytes += bytes;
+        return (*c->sink)(*c->answer, reinterpret_cast<const std::uint8_t*>(data), bytes) ? bytes
+                                                                                          : 0;
+      } catch (...) {
+        c->failure = std::current_exception();
+        return 0;
       }
-      g_bytes += bytes;
-      return (*c->sink)(*c->answer, reinterpret_cast<const std::uint8_t*>(data), bytes) ? bytes : 0;
     };
     ::curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, write);
     ::curl_easy_setopt(easy, CURLOPT_WRITEDATA, &context);
@@ -350,6 +371,7 @@ Answer perform(const Request& r,
       answer.result = ::curl_easy_perform(easy);
     }
     observe(started, g_bytes.load(std::memory_order_relaxed) - bytes_before);
+    if (context.failure) std::rethrow_exception(context.failure);
     const std::string code = xml_field(answer.error_body, "Code");
     if (answer.result == CURLE_WRITE_ERROR) return answer;  // the sink stopped it
     if (answer.result == CURLE_OK && answer.status >= 200 && answer.status < 300) return answer;
@@ -436,7 +458,9 @@ void http_read_range(const Request& request,
         const std::size_t take = std::min(n, size - got);
         std::memcpy(out + got, data, take);
         got += take;
-        return got < size;  // all bytes in: the rest of a 200 body is not wanted
+        // A 206 ends by itself (the connection stays open for the next request); a 200 sends
+        // the whole object, stopped once the range is in.
+        return got < size || answer.status != 200;
       },
       [&] {
         skip = 0;
@@ -481,6 +505,8 @@ void http_put_file(const Request& request, const std::string& path) {
     };
     ::curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, write);
     ::curl_easy_setopt(easy, CURLOPT_WRITEDATA, &answer);
+    StallWatch watch{request.retry.stall_timeout};
+    watch.arm(easy);
     ++g_requests;
     ++attempts;
     {
@@ -488,6 +514,7 @@ void http_put_file(const Request& request, const std::string& path) {
       answer.result = ::curl_easy_perform(easy);
     }
     if (answer.result == CURLE_OK && answer.status >= 200 && answer.status < 300) return;
+    if (watch.stalled) answer.result = CURLE_OPERATION_TIMEDOUT;
     const std::string code = xml_field(answer.error_body, "Code");
     const bool transport = answer.result != CURLE_OK;
     const bool retry =
@@ -540,12 +567,14 @@ struct HttpStream::Transfer {
   CURLcode result = CURLE_OK;
   std::uint64_t skip = 0;  // a 200 to a Range request: the bytes before the offset are dropped
   std::uint64_t asked_from = 0;
+  std::exception_ptr failure;  // thrown in a callback, rethrown by the reader
   // The last time a byte came (or the reader let curl go on): a stall is measured from it.
   std::chrono::steady_clock::time_point last_byte = std::chrono::steady_clock::now();
 
   ~Transfer() {
     if (pid != ::getpid()) return;  // came through a fork: the parent's, left alone
     observe(started, received);
+    SigpipeGuard guard;  // closing a TLS connection writes to it
     if (multi != nullptr && easy != nullptr) ::curl_multi_remove_handle(multi, easy);
     if (easy != nullptr) ::curl_easy_cleanup(easy);
     if (multi != nullptr) ::curl_multi_cleanup(multi);
@@ -553,7 +582,20 @@ struct HttpStream::Transfer {
 
   static std::size_t on_body(char* data, std::size_t size, std::size_t n, void* user) {
     auto* t = static_cast<Transfer*>(user);
-    const std::size_t bytes = size * n;
+    try {  // nothing may unwind through curl
+      return take(t, data, size * n);
+    } catch (...) {
+      t->failure = std::current_exception();
+      return 0;
+    }
+  }
+
+  static std::size_t take(Transfer* t, char* data, std::size_t bytes) {
+    if (t->answer.status == 206 && t->asked_from > 0 && t->answer.range_start &&
+        *t->answer.range_start != t->asked_from) {
+      throw DataError(str("the server answered bytes from ", *t->answer.range_start,
+                          " to a request for bytes from ", t->asked_from));
+    }
     if (t->answer.status < 200 || t->answer.status >= 300) {
       if (t->answer.error_body.size() < 65536) t->answer.error_body.append(data, bytes);
       return bytes;
@@ -600,7 +642,7 @@ void HttpStream::start() {
     t->headers.add(str("Range: bytes=", position_, "-"));
     t->asked_from = position_;
   }
-  if (!etag_.empty()) t->headers.add("If-Match: " + etag_);
+  if (!etag_.empty() && etag_.rfind("W/", 0) != 0) t->headers.add("If-Match: " + etag_);
   ::curl_easy_setopt(t->easy, CURLOPT_HTTPHEADER, t->headers.get());
   ::curl_easy_setopt(t->easy, CURLOPT_HEADERFUNCTION, &on_header);
   ::curl_easy_setopt(t->easy, CURLOPT_HEADERDATA, &t->answer);
@@ -645,20 +687,7 @@ void HttpStream::take_answer() {
 }
 
 std::optional<std::uint64_t> HttpStream::size() {
-  while (!size_ && !transfer_->done && transfer_->buffer.empty()) {
-    int running = 0;
-    SigpipeGuard guard;
-    ::curl_multi_perform(transfer_->multi, &running);
-    int left = 0;
-    while (CURLMsg* m = ::curl_multi_info_read(transfer_->multi, &left)) {
-      if (m->msg == CURLMSG_DONE) {
-        transfer_->done = true;
-        transfer_->result = m->data.result;
-      }
-    }
-    if (transfer_->done || !transfer_->buffer.empty() || transfer_->paused) break;
-    ::curl_multi_poll(transfer_->multi, nullptr, 0, 200, nullptr);
-  }
+  if (!size_) fill();
   take_answer();
   return size_;
 }
@@ -685,25 +714,34 @@ void HttpStream::pump() {
 }
 
 std::size_t HttpStream::read(std::uint8_t* out, std::size_t n) {
+  if (!fill()) return 0;
+  Transfer& t = *transfer_;
+  if (!t.done && t.buffer.size() - t.pos < Transfer::kHigh / 2) pump();
+  const std::size_t k = std::min(n, t.buffer.size() - t.pos);
+  std::memcpy(out, t.buffer.data() + t.pos, k);
+  t.pos += k;
+  position_ += k;
+  return k;
+}
+
+// Until bytes wait in the buffer (true) or the body has ended whole (false): failures retried,
+// and a stall measured only over this wait (a reader away for a while, training or saving, did
+// not stall the connection).
+bool HttpStream::fill() {
+  auto waiting_since = std::chrono::steady_clock::now();
   while (true) {
     Transfer& t = *transfer_;
     take_answer();
-    if (t.pos < t.buffer.size()) {
-      if (!t.done && t.buffer.size() - t.pos < Transfer::kHigh / 2) pump();
-      const std::size_t k = std::min(n, t.buffer.size() - t.pos);
-      std::memcpy(out, t.buffer.data() + t.pos, k);
-      t.pos += k;
-      position_ += k;
-      return k;
-    }
+    if (t.failure) std::rethrow_exception(std::exchange(t.failure, nullptr));
+    if (t.pos < t.buffer.size()) return true;
     if (t.done) {
       const long status = t.answer.status;
       if (t.result == CURLE_OK && status >= 200 && status < 300) {
-        if (!size_ || position_ >= *size_) return 0;
+        if (!size_ || position_ >= *size_) return false;
         fail_or_retry(0, str("the body ended at byte ", position_, " of ", *size_), true);
-        continue;
-      }
-      if (t.result != CURLE_OK) {
+      } else if (t.result == CURLE_OK && status == 416 && size_ && position_ >= *size_) {
+        return false;  // resumed at the very end (a tar without end blocks)
+      } else if (t.result != CURLE_OK) {
         fail_or_retry(0,
                       str("curl error ", static_cast<int>(t.result), " (",
                           ::curl_easy_strerror(t.result), ")"),
@@ -711,17 +749,18 @@ std::size_t HttpStream::read(std::uint8_t* out, std::size_t n) {
       } else {
         fail_or_retry(status, "", retryable_status(status, xml_field(t.answer.error_body, "Code")));
       }
-      continue;
-    }
-    if (!t.paused &&
-        std::chrono::steady_clock::now() - t.last_byte > request_.retry.stall_timeout) {
-      fail_or_retry(0, str("no byte for ", request_.retry.stall_timeout.count(), " s"), true);
+      waiting_since = std::chrono::steady_clock::now();
       continue;
     }
     pump();
-    if (!t.done && t.pos >= t.buffer.size() && !t.paused) {
-      ::curl_multi_poll(t.multi, nullptr, 0, 200, nullptr);
+    if (t.done || t.pos < t.buffer.size()) continue;
+    const auto now = std::chrono::steady_clock::now();
+    if (!t.paused && now - std::max(t.last_byte, waiting_since) > request_.retry.stall_timeout) {
+      fail_or_retry(0, str("no byte for ", request_.retry.stall_timeout.count(), " s"), true);
+      waiting_since = std::chrono::steady_clock::now();
+      continue;
     }
+    if (!t.paused) ::curl_multi_poll(t.multi, nullptr, 0, 200, nullptr);
   }
 }
 

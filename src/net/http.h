@@ -44,6 +44,7 @@ struct Request {
   std::string display;
   std::string region;
   std::shared_ptr<const S3Credentials> credentials;
+  std::string credentials_source;  // where they came from (named in a 403's message), or ""
   RetryPolicy retry{};
 };
 
@@ -129,6 +130,7 @@ class HttpStream {
   void start();
   void take_answer();
   void pump();
+  bool fill();
   void fail_or_retry(long status, const std::string& why, bool retryable);
 
   Request request_;

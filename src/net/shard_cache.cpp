@@ -35,11 +35,20 @@ std::atomic<std::uint64_t> g_hits{0};
 std::atomic<std::uint64_t> g_downloads{0};
 std::atomic<std::uint64_t> g_evictions{0};
 
-// The cache's name of a shard: its file name, after a hash of its location without the query
-// (a pre-signed URL is signed anew each time; the object is the same).
+// The cache's name of a shard: its file name, after a hash of its location. A pre-signed URL is
+// signed anew each time for the same object: its query identifies the object only when it holds
+// no signature (X-Amz-*, Signature, Expires, ...), and is left out when it does.
 std::string entry_name(const std::string& location) {
   std::string identity = location;
-  if (const auto q = identity.find('?'); q != std::string::npos) identity.resize(q);
+  if (const auto q = identity.find('?'); q != std::string::npos) {
+    const std::string query = identity.substr(q);
+    for (const char* signed_by : {"X-Amz-", "x-amz-", "Signature=", "Expires=", "sig=", "se="}) {
+      if (query.find(signed_by) != std::string::npos) {
+        identity.resize(q);
+        break;
+      }
+    }
+  }
   std::string base = identity.substr(identity.rfind('/') + 1);
   if (base.empty()) base = "object";
   for (char& c : base) {
@@ -113,14 +122,30 @@ ShardCache::ShardCache(std::string dir, std::uint64_t limit) : dir_(std::move(di
   }
 }
 
+std::unique_ptr<ByteSource> ShardCache::open(const std::string& location,
+                                             const std::optional<ObjectInfo>& expected,
+                                             const RetryPolicy& retry) {
+  for (int attempt = 0;; ++attempt) {
+    const std::string path = ensure(location, expected, retry);
+    try {
+      return open_sequential(path);
+    } catch (const DataError&) {
+      std::error_code ec;
+      if (fs::exists(path, ec) || attempt == 3) throw;  // gone: evicted meanwhile
+    }
+  }
+}
+
 std::string ShardCache::ensure(const std::string& location,
                                const std::optional<ObjectInfo>& expected,
-                               const RetryPolicy& retry) {
+                               const RetryPolicy& retry,
+                               const std::atomic<bool>* cancel,
+                               bool count) {
   const std::string name = entry_name(location);
   const fs::path data = fs::path(dir_) / name;
   const fs::path meta = fs::path(dir_) / (name + ".meta");
   if (complete(data, meta, expected)) {
-    ++g_hits;
+    if (count) ++g_hits;
     touch(meta);
     return data.string();
   }
@@ -148,7 +173,7 @@ std::string ShardCache::ensure(const std::string& location,
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   if (complete(data, meta, expected)) {  // it came while this process waited
-    ++g_hits;
+    if (count) ++g_hits;
     touch(meta);
     return data.string();
   }
@@ -170,6 +195,9 @@ std::string ShardCache::ensure(const std::string& location,
       std::vector<std::uint8_t> buffer(1 << 20);
       std::uint64_t total = 0;
       while (const std::size_t n = stream.read(buffer.data(), buffer.size())) {
+        if (cancel != nullptr && cancel->load(std::memory_order_relaxed)) {
+          throw Error(str("shard cache: the download of ", redact(location), " was cancelled"));
+        }
         std::size_t done = 0;
         while (done < n) {
           const ssize_t k = ::write(out.get(), buffer.data() + done, n - done);

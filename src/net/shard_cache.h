@@ -12,10 +12,13 @@
 // releases a dead process's locks). Entries used least recently (the meta's mtime, touched at each
 // use) are evicted while the cache holds more than its limit, never one another process holds.
 
+#include <atomic>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 
+#include "net/byte_source.h"
 #include "net/http.h"
 
 namespace ferry::net {
@@ -36,9 +39,19 @@ class ShardCache {
   // missing or incomplete. `expected`, when known (a HEAD the caller made), must match the copy,
   // else it is fetched again. Waits for another process's download of the same shard while its
   // temporary file grows; throws ferry::Error when it stops growing for `retry`'s bounds.
+  // `cancel`, when set while this process downloads, ends the download (a prefetch its stream no
+  // longer wants) with ferry::Error; `count` false: a hit is not counted (a prefetch's check).
   std::string ensure(const std::string& location,
                      const std::optional<ObjectInfo>& expected,
-                     const RetryPolicy& retry);
+                     const RetryPolicy& retry,
+                     const std::atomic<bool>* cancel = nullptr,
+                     bool count = true);
+
+  // The complete copy, open: ensure() again if another process evicted it between the check and
+  // the open.
+  std::unique_ptr<ByteSource> open(const std::string& location,
+                                   const std::optional<ObjectInfo>& expected,
+                                   const RetryPolicy& retry);
 
   const std::string& dir() const noexcept { return dir_; }
 

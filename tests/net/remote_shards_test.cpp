@@ -230,22 +230,25 @@ TEST_F(RemoteShards, CutsSlowDownsAndStallsAreRetriedAndResumedAndNothingIsLostO
   const fs::path plan = dir_ / "plan.json";
   const fs::path log = dir_ / "proxy.log";
   fs::remove(log);
-  write_plan(
-      plan,
-      json::array({
-          {{"match", "shard-000000.tar"}, {"method", "GET"}, {"reset_after", 3000}},
-          {{"match", "shard-000001.tar"},
-           {"method", "GET"},
-           {"status", 503},
-           {"code", "SlowDown"},
-           {"times", 2}},
-          {{"match", "shard-000002.tar"}, {"method", "GET"}, {"truncate", 5000}},
-          {{"match", "shard-000003.tar"}, {"method", "GET"}, {"stall_after", 2000}, {"stall", 4}},
-      }));
+  // A stall outlasts download_timeout by seconds, whatever the load.
+  const double timeout = std::max(1.0, testing::time_scale());
+  write_plan(plan, json::array({
+                       {{"match", "shard-000000.tar"}, {"method", "GET"}, {"reset_after", 3000}},
+                       {{"match", "shard-000001.tar"},
+                        {"method", "GET"},
+                        {"status", 503},
+                        {"code", "SlowDown"},
+                        {"times", 2}},
+                       {{"match", "shard-000002.tar"}, {"method", "GET"}, {"truncate", 5000}},
+                       {{"match", "shard-000003.tar"},
+                        {"method", "GET"},
+                        {"stall_after", 2000},
+                        {"stall", timeout + 3}},
+                   }));
   auto proxy = test::start_fault_proxy(s3_->port(), plan, log);
   use_store(proxy.port(), kSecret);
   WebDatasetStream::Options o;
-  o.download_timeout = 1;  // the stall outlasts it: the connection is cut and resumed
+  o.download_timeout = timeout;  // the stall outlasts it: the connection is cut and resumed
   auto dataset = std::make_shared<WebDatasetStream>(
       vision::expand_shards("s3://data/train/shard-{000000..000003}.tar"), o);
   DataLoader loader(dataset, {.batch_size = 5, .num_workers = 2});
@@ -275,7 +278,7 @@ TEST_F(RemoteShards, CutsSlowDownsAndStallsAreRetriedAndResumedAndNothingIsLostO
     EXPECT_THAT(range, AllOf(HasSubstr("bytes="), Not(HasSubstr("bytes=0-"))))
         << cut << ": the second GET resumes where the first was cut";
   }
-  EXPECT_EQ(requests["shard-000001.tar"].size(), 3u) << "two SlowDowns, then the body";
+  EXPECT_GE(requests["shard-000001.tar"].size(), 3u) << "two SlowDowns, then the body";
 }
 
 // A wrong secret (403 SignatureDoesNotMatch) and a missing key (404) are not retried: the error
@@ -331,11 +334,21 @@ TEST_F(RemoteShards, AStoreThatKeepsFailingEndsTheEpochAfterTheRetriesWithTheLas
   EXPECT_THAT([&] { run_epoch(loader); },
               ::testing::ThrowsMessage<WorkerError>(
                   AllOf(HasSubstr("HTTP 503 SlowDown"), HasSubstr("after 3 attempts"))));
-  EXPECT_EQ(log_lines(dir_ / "down.log").size(), 3u);
+  // Each stream the worker opened made download_retry attempts (it may open the shard again
+  // for a next batch after the error), none more.
+  const std::size_t made = log_lines(dir_ / "down.log").size();
+  EXPECT_TRUE(made >= 3u && made % 3 == 0) << made << " requests";
 }
 
+// The same shards over plain HTTP and through pipes: these need no S3 server (Debian 13's stage
+// has no Node), only nginx.
+class HttpShards : public RemoteShards {
+ protected:
+  void SetUp() override {}
+};
+
 // Plain HTTP (nginx, as a CDN or a static server serves shards) and pipe:COMMAND.
-TEST_F(RemoteShards, HttpUrlsAndPipesReadTheSameSamples) {
+TEST_F(HttpShards, HttpUrlsAndPipesReadTheSameSamples) {
   if (!http_) GTEST_SKIP() << "no HTTP server: " << http_skip_;
   const Epoch local = local_stream(0);
   for (const std::string& spec :
@@ -560,6 +573,7 @@ TEST_F(RemoteShards, FourProcessesDownloadEachShardOnceAndAWarmEpochReadsNoByte)
 // leave a cache that the next run completes and uses: no temporary file left, no lock held.
 TEST_F(RemoteShards, KilledAtRandomMomentsTheCacheIsNeverLeftHalfWrittenOrLocked) {
   const fs::path cache = dir_ / "cache-killed";
+  fs::create_directories(cache);
   write_plan(dir_ / "plan-slow.json", json::array({{{"match", "shard-"},
                                                     {"method", "GET"},
                                                     {"stall_after", 6000},
@@ -571,11 +585,25 @@ TEST_F(RemoteShards, KilledAtRandomMomentsTheCacheIsNeverLeftHalfWrittenOrLocked
   std::mt19937 rng(29);
   int interrupted = 0;  // rounds whose kill left a download half done
   for (int round = 0; round < 12 && interrupted < 3; ++round) {
+    // Temporary files are named by their process: this round's are the ones not seen before.
+    const std::vector<std::string> before = cache_files(cache, ".tmp-");
+    const auto new_download = [&] {
+      for (const std::string& f : cache_files(cache, ".tmp-")) {
+        if (std::find(before.begin(), before.end(), f) == before.end()) return true;
+      }
+      return false;
+    };
     const pid_t child = epoch_in_child(cached(cache), local);
-    std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 900));
+    // Once a download is under way (its temporary file is there), a random moment later.
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::duration<double>(20 * testing::time_scale());
+    while (!new_download() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 300));
     ::kill(child, SIGKILL);
     wait_exit(child);
-    interrupted += !cache_files(cache, ".tmp-").empty();
+    interrupted += new_download();
     // Some complete entries made stale again, so the next round has downloads to be killed in.
     for (const std::string& meta : cache_files(cache, ".meta")) {
       if (rng() % 2 == 0) fs::remove(cache / meta);
