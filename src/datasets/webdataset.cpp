@@ -447,9 +447,13 @@ class ShardStream : public ExampleStream {
           prefetch_after(shard_);
           reader_.emplace(net::ShardCache(options_.cache_dir, options_.cache_limit)
                               .open(source, std::nullopt, retry_of(options_)));
+        } else if (ahead_ && ahead_shard_ == shard_ && start_offset_ == 0) {
+          reader_.emplace(std::move(ahead_));  // its first bytes came while the last shard was read
         } else {
           reader_.emplace(net::open_sequential(source, start_offset_, retry_of(options_)));
         }
+        ahead_.reset();
+        read_ahead_after(shard_);
         reader_->seek(start_offset_);
         start_offset_ = 0;
         pending_.reset();
@@ -522,6 +526,7 @@ class ShardStream : public ExampleStream {
     start_offset_ = offset;
     reader_.reset();
     pending_.reset();
+    ahead_.reset();
   }
 
  private:
@@ -552,6 +557,21 @@ class ShardStream : public ExampleStream {
                                               std::future_status::ready;
                                      }),
                       prefetches_.end());
+  }
+
+  // Without a cache, the next remote shard is opened while this one is read, by a thread that
+  // keeps up to kReadAhead of its bytes: the first byte's round trip and the first megabytes come
+  // while the worker decodes.
+  static constexpr std::size_t kReadAhead = 16u << 20;
+  void read_ahead_after(std::size_t shard) {
+    const std::size_t next = shard + 1;
+    if (options_.prefetch == 0 || !options_.cache_dir.empty() || next >= shards_.size() ||
+        !net::is_remote(shards_[next]) ||
+        net::parse_location(shards_[next]).scheme == net::Scheme::kPipe) {
+      return;
+    }
+    ahead_ = net::open_read_ahead(shards_[next], kReadAhead, retry_of(options_));
+    ahead_shard_ = next;
   }
 
   struct Member {
@@ -585,7 +605,9 @@ class ShardStream : public ExampleStream {
   std::uint64_t next_offset_ = 0;   // the header of the sample after the last one returned
   std::optional<vision::detail::TarReader> reader_;
   std::optional<Member> pending_;
-  std::size_t prefetched_ = 0;  // shards before this one have a prefetch started
+  std::size_t prefetched_ = 0;              // shards before this one have a prefetch started
+  std::unique_ptr<net::ByteSource> ahead_;  // the next shard, read ahead (no cache)
+  std::size_t ahead_shard_ = 0;
   // Set when the stream goes: a prefetch still downloading stops at its next chunk.
   std::shared_ptr<std::atomic<bool>> cancel_ = std::make_shared<std::atomic<bool>>(false);
   // Declared last: destroyed first, so a prefetch running at destruction is waited for while

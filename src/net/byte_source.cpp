@@ -8,9 +8,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <mutex>
 #include <optional>
+#include <thread>
 
 #include "ferry/error.h"
 
@@ -109,6 +112,100 @@ class HttpStreamSource : public ForwardSource {
   std::size_t pull(std::uint8_t* out, std::size_t n) override { return stream_.read(out, n); }
   std::string name_;
   HttpStream stream_;
+};
+
+// The state a read-ahead thread and its reader share (the thread may outlive the reader: it is
+// detached, and stops at its next chunk once told).
+struct ReadAhead {
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::deque<std::uint8_t> bytes;
+  std::optional<std::uint64_t> size;
+  bool size_known = false;
+  bool ended = false;
+  bool stop = false;
+  std::exception_ptr failure;
+};
+
+class ReadAheadSource : public ForwardSource {
+ public:
+  ReadAheadSource(Request request, std::size_t ahead)
+      : ForwardSource(0), name_(request.display), state_(std::make_shared<ReadAhead>()) {
+    std::thread([state = state_, request = std::move(request), ahead]() mutable {
+      try {
+        HttpStream stream(std::move(request), 0);
+        const auto size = stream.size();
+        {
+          const std::lock_guard<std::mutex> lock(state->mutex);
+          state->size = size;
+          state->size_known = true;
+        }
+        state->changed.notify_all();
+        std::vector<std::uint8_t> chunk(1 << 16);
+        while (true) {
+          {
+            std::unique_lock<std::mutex> lock(state->mutex);
+            state->changed.wait(lock, [&] { return state->stop || state->bytes.size() < ahead; });
+            if (state->stop) return;
+          }
+          const std::size_t n = stream.read(chunk.data(), chunk.size());
+          {
+            const std::lock_guard<std::mutex> lock(state->mutex);
+            if (n == 0) {
+              state->ended = true;
+            } else {
+              state->bytes.insert(state->bytes.end(), chunk.begin(),
+                                  chunk.begin() + static_cast<std::ptrdiff_t>(n));
+            }
+          }
+          state->changed.notify_all();
+          if (n == 0) return;
+        }
+      } catch (...) {
+        {
+          const std::lock_guard<std::mutex> lock(state->mutex);
+          state->failure = std::current_exception();
+          state->size_known = true;
+        }
+        state->changed.notify_all();
+      }
+    }).detach();
+  }
+  ~ReadAheadSource() override {
+    {
+      const std::lock_guard<std::mutex> lock(state_->mutex);
+      state_->stop = true;
+    }
+    state_->changed.notify_all();
+  }
+  std::optional<std::uint64_t> size() override {
+    std::unique_lock<std::mutex> lock(state_->mutex);
+    state_->changed.wait(lock, [&] { return state_->size_known; });
+    if (state_->failure && !state_->size) std::rethrow_exception(state_->failure);
+    return state_->size;
+  }
+  const std::string& name() const noexcept override { return name_; }
+
+ private:
+  std::size_t pull(std::uint8_t* out, std::size_t n) override {
+    std::unique_lock<std::mutex> lock(state_->mutex);
+    state_->changed.wait(lock, [&] {
+      return !state_->bytes.empty() || state_->ended || state_->failure != nullptr;
+    });
+    if (state_->bytes.empty()) {
+      if (state_->failure) std::rethrow_exception(state_->failure);
+      return 0;
+    }
+    const std::size_t k = std::min(n, state_->bytes.size());
+    std::copy_n(state_->bytes.begin(), k, out);
+    state_->bytes.erase(state_->bytes.begin(),
+                        state_->bytes.begin() + static_cast<std::ptrdiff_t>(k));
+    lock.unlock();
+    state_->changed.notify_all();
+    return k;
+  }
+  std::string name_;
+  std::shared_ptr<ReadAhead> state_;
 };
 
 class RangeSource : public ByteSource {
@@ -289,6 +386,12 @@ std::unique_ptr<ByteSource> open_sequential(const std::string& location,
       return std::make_unique<HttpStreamSource>(request_for(location, retry), offset);
   }
   throw Error("open_sequential: unknown scheme");
+}
+
+std::unique_ptr<ByteSource> open_read_ahead(const std::string& location,
+                                            std::size_t ahead,
+                                            const RetryPolicy& retry) {
+  return std::make_unique<ReadAheadSource>(request_for(location, retry), ahead);
 }
 
 std::unique_ptr<ByteSource> open_ranged(const std::string& location,

@@ -38,6 +38,14 @@ std::unique_ptr<ByteSource> open_sequential(const std::string& location,
                                             std::uint64_t offset = 0,
                                             const RetryPolicy& retry = {});
 
+// A remote object (s3://, http(s)://) read front to back from its first byte by a thread of its
+// own, which keeps up to `ahead` bytes in memory: a stream opens its next shard with this while it
+// reads the current one, so the next one's first bytes are here when it gets there. Failures
+// come to the reader (as from open_sequential's source); dropping it stops the thread.
+std::unique_ptr<ByteSource> open_read_ahead(const std::string& location,
+                                            std::size_t ahead,
+                                            const RetryPolicy& retry = {});
+
 // A remote object read by byte ranges, each GET pinned to `info`'s ETag.
 std::unique_ptr<ByteSource> open_ranged(const std::string& location,
                                         const ObjectInfo& info,
