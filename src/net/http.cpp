@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -313,7 +314,8 @@ std::size_t on_header(char* data, std::size_t size, std::size_t n, void* user) {
 
 // A blocking request, retried. `sink(answer, data, n)` takes body bytes of a 2xx answer and
 // returns false to stop the transfer (a limit reached); `restart(answer)` is called before each
-// attempt and returns the Range header to send ("" for none).
+// attempt and returns the Range header to send ("" for none). `upload`: a PUT of that file's
+// bytes, sent again from its start at each attempt.
 template <class Sink, class Restart>
 Answer perform(const Request& r,
                bool head,
@@ -321,7 +323,8 @@ Answer perform(const Request& r,
                Restart&& restart,
                bool missing_ok,
                const std::string& if_match = {},
-               const char* method = nullptr) {
+               const char* method = nullptr,
+               std::FILE* upload = nullptr) {
   int failures = 0;
   int attempts = 0;
   while (true) {
@@ -335,6 +338,14 @@ Answer perform(const Request& r,
     ::curl_easy_setopt(easy, CURLOPT_HTTPHEADER, headers.get());
     if (head) ::curl_easy_setopt(easy, CURLOPT_NOBODY, 1L);
     if (method != nullptr) ::curl_easy_setopt(easy, CURLOPT_CUSTOMREQUEST, method);
+    if (upload != nullptr) {
+      std::rewind(upload);
+      struct stat st {};
+      ::fstat(::fileno(upload), &st);
+      ::curl_easy_setopt(easy, CURLOPT_UPLOAD, 1L);
+      ::curl_easy_setopt(easy, CURLOPT_READDATA, upload);
+      ::curl_easy_setopt(easy, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(st.st_size));
+    }
     ::curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, &on_header);
     ::curl_easy_setopt(easy, CURLOPT_HEADERDATA, &answer);
     struct Context {
@@ -482,56 +493,11 @@ void http_put_file(const Request& request, const std::string& path) {
         str("upload to ", request.display, ": cannot open ", path, ": ", std::strerror(errno)));
   }
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> owner(file, &std::fclose);
-  std::fseek(file, 0, SEEK_END);
-  const long size = std::ftell(file);
-  int failures = 0;
-  int attempts = 0;
-  while (true) {
-    std::rewind(file);
-    CURL* easy = thread_easy();
-    HeaderList headers;
-    configure(easy, request, headers);
-    ::curl_easy_setopt(easy, CURLOPT_HTTPHEADER, headers.get());
-    ::curl_easy_setopt(easy, CURLOPT_UPLOAD, 1L);
-    ::curl_easy_setopt(easy, CURLOPT_READDATA, file);
-    ::curl_easy_setopt(easy, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(size));
-    Answer answer;
-    ::curl_easy_setopt(easy, CURLOPT_HEADERFUNCTION, &on_header);
-    ::curl_easy_setopt(easy, CURLOPT_HEADERDATA, &answer);
-    auto write = +[](char* data, std::size_t size, std::size_t n, void* user) -> std::size_t {
-      auto* a = static_cast<Answer*>(user);
-      if (a->error_body.size() < 65536) a->error_body.append(data, size * n);
-      return size * n;
-    };
-    ::curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, write);
-    ::curl_easy_setopt(easy, CURLOPT_WRITEDATA, &answer);
-    StallWatch watch{request.retry.stall_timeout};
-    watch.arm(easy);
-    ++g_requests;
-    ++attempts;
-    {
-      SigpipeGuard guard;
-      answer.result = ::curl_easy_perform(easy);
-    }
-    if (answer.result == CURLE_OK && answer.status >= 200 && answer.status < 300) return;
-    if (watch.stalled) answer.result = CURLE_OPERATION_TIMEDOUT;
-    const std::string code = xml_field(answer.error_body, "Code");
-    const bool transport = answer.result != CURLE_OK;
-    const bool retry =
-        transport ? retryable_code(answer.result) : retryable_status(answer.status, code);
-    if (!retry || ++failures >= request.retry.max_attempts) {
-      throw HttpError(
-          "upload of " + path + " to " +
-              describe_failure(request, transport ? 0 : answer.status, code,
-                               xml_field(answer.error_body, "Message"),
-                               transport ? str("curl error ", static_cast<int>(answer.result), " (",
-                                               ::curl_easy_strerror(answer.result), ")")
-                                         : std::string(),
-                               attempts),
-          transport ? 0 : answer.status, code);
-    }
-    backoff(request.retry, failures);
-  }
+  Request r = request;
+  r.display = "upload of " + path + " to " + request.display;
+  perform(
+      r, false, [](const Answer&, const std::uint8_t*, std::size_t) { return true; },
+      [] { return std::string(); }, false, {}, nullptr, file);
 }
 
 void http_delete(const Request& request) {

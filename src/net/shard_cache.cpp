@@ -11,8 +11,11 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "ferry/error.h"
@@ -108,6 +111,40 @@ bool complete(const fs::path& data,
 
 void touch(const fs::path& path) noexcept { ::utimensat(AT_FDCWD, path.c_str(), nullptr, 0); }
 
+// What this process has verified: a map-style dataset asks for its shard at every sample, and the
+// meta (a read and a JSON parse) is checked once; after that one stat of the data file's size.
+// Checking the size again catches a copy cut short or evicted (then gone) since.
+struct Verified {
+  std::uint64_t size = 0;
+  std::string etag;
+};
+std::mutex g_verified_mutex;
+std::unordered_map<std::string, Verified> g_verified;  // by data path
+std::unordered_set<std::string> g_created;             // cache folders made or found
+
+bool verified(const fs::path& data, const std::optional<ObjectInfo>& expected) {
+  Verified v;
+  {
+    const std::lock_guard<std::mutex> lock(g_verified_mutex);
+    const auto it = g_verified.find(data.string());
+    if (it == g_verified.end()) return false;
+    v = it->second;
+  }
+  if (expected &&
+      (expected->size != v.size || (!expected->etag.empty() && expected->etag != v.etag))) {
+    return false;
+  }
+  struct stat st {};
+  return ::stat(data.c_str(), &st) == 0 && static_cast<std::uint64_t>(st.st_size) == v.size;
+}
+
+void remember(const fs::path& data, const fs::path& meta) {
+  const auto m = read_meta(meta);
+  if (!m) return;
+  const std::lock_guard<std::mutex> lock(g_verified_mutex);
+  g_verified[data.string()] = {(*m)["size"].get<std::uint64_t>(), (*m)["etag"].get<std::string>()};
+}
+
 }  // namespace
 
 CacheCounters cache_counters() noexcept {
@@ -115,8 +152,16 @@ CacheCounters cache_counters() noexcept {
 }
 
 ShardCache::ShardCache(std::string dir, std::uint64_t limit) : dir_(std::move(dir)), limit_(limit) {
+  {
+    const std::lock_guard<std::mutex> lock(g_verified_mutex);
+    if (g_created.count(dir_) != 0) return;
+  }
   std::error_code ec;
   fs::create_directories(dir_, ec);
+  if (!ec) {
+    const std::lock_guard<std::mutex> lock(g_verified_mutex);
+    g_created.insert(dir_);
+  }
   if (ec) {
     throw ConfigError(str("cache_dir ", dir_, ": cannot create it: ", ec.message()));
   }
@@ -144,9 +189,14 @@ std::string ShardCache::ensure(const std::string& location,
   const std::string name = entry_name(location);
   const fs::path data = fs::path(dir_) / name;
   const fs::path meta = fs::path(dir_) / (name + ".meta");
+  if (verified(data, expected)) {
+    if (count) ++g_hits;
+    return data.string();
+  }
   if (complete(data, meta, expected)) {
     if (count) ++g_hits;
     touch(meta);
+    remember(data, meta);
     return data.string();
   }
   EntryLock lock((fs::path(dir_) / (name + ".lock")).string());
@@ -175,6 +225,7 @@ std::string ShardCache::ensure(const std::string& location,
   if (complete(data, meta, expected)) {  // it came while this process waited
     if (count) ++g_hits;
     touch(meta);
+    remember(data, meta);
     return data.string();
   }
   // This process downloads it. What a killed one left is removed first.
@@ -230,6 +281,7 @@ std::string ShardCache::ensure(const std::string& location,
       throw;
     }
   }
+  remember(data, meta);
   ++g_downloads;
   if (limit_ > 0) evict(name);
   return data.string();

@@ -38,9 +38,9 @@
 #include "support/datasets.h"
 #include "support/ledger.h"
 #include "support/process_harness.h"
-#include "support/timing.h"
 #include "support/registered.h"
 #include "support/start_methods.h"
+#include "support/timing.h"
 #include "workers/fetch.h"
 
 namespace ferry {
@@ -307,8 +307,8 @@ TEST_P(WorkerDeath, KilledAtRandomMomentsIsAlwaysReportedNeverHangsNeverTorn) { 
               !cgroup || !cgroup->oom_kills() ||
                   std::string(e.what()).find("counted no out-of-memory kill") != std::string::npos,
               e.what());
-          REQUIRE(seconds_since(killed) < 1.0 * time_scale(), "detected after ", seconds_since(killed),
-                  " s");
+          REQUIRE(seconds_since(killed) < 1.0 * time_scale(), "detected after ",
+                  seconds_since(killed), " s");
         }
         REQUIRE(died, "the kill went unnoticed");
       }

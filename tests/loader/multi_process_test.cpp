@@ -110,8 +110,9 @@ std::vector<MatrixCase> matrix() {
     // spawn starts a program per worker (LibTorch's start-up, about 0.4 s of CPU each): the
     // delivery logic it shares with fork is covered at every worker count there; spawn keeps the
     // two-worker column, where its workers race each other.
-    const std::vector<std::size_t> counts =
-        method == StartMethod::kSpawn ? std::vector<std::size_t>{2} : std::vector<std::size_t>{1, 2, 4};
+    const std::vector<std::size_t> counts = method == StartMethod::kSpawn
+                                                ? std::vector<std::size_t>{2}
+                                                : std::vector<std::size_t>{1, 2, 4};
     for (const std::size_t workers : counts) {
       for (const bool in_order : {true, false}) {
         for (const bool persistent : {false, true}) {

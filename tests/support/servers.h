@@ -230,7 +230,8 @@ class ServerProcess {
     if (::pipe2(out, O_CLOEXEC) != 0) {
       const int error = errno;
       si::close_fd(in[0]);
-      throw std::system_error(error, std::generic_category(), "pipe2 for the stdout of " + command_);
+      throw std::system_error(error, std::generic_category(),
+                              "pipe2 for the stdout of " + command_);
     }
     stdout_ = out[0];
     int log_fd = ::open(log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -295,13 +296,14 @@ class ServerProcess {
           until - std::chrono::steady_clock::now());
       if (left.count() <= 0) {
         throw std::runtime_error(command_ + " printed no \"listening HOST PORT\" line within " +
-                                 std::to_string(static_cast<int>(seconds)) +
-                                 " s; its stderr (" + log_path_ + ") ends:\n" + log_tail());
+                                 std::to_string(static_cast<int>(seconds)) + " s; its stderr (" +
+                                 log_path_ + ") ends:\n" + log_tail());
       }
       pollfd p{stdout_, POLLIN, 0};
       const int ready = ::poll(&p, 1, static_cast<int>(std::min<long long>(left.count(), 1000)));
       if (ready < 0 && errno != EINTR) {
-        throw std::system_error(errno, std::generic_category(), "poll on the stdout of " + command_);
+        throw std::system_error(errno, std::generic_category(),
+                                "poll on the stdout of " + command_);
       }
       if (ready <= 0) continue;
       char buf[4096];
@@ -314,8 +316,10 @@ class ServerProcess {
       // End of stdout: the server exited (or closed stdout) before it listened.
       int status = si::wait_for(pid_, std::chrono::seconds(5));
       if (status == -1) {
-        throw std::runtime_error(command_ + " closed its stdout without a \"listening\" line; its "
-                                 "stderr (" + log_path_ + ") ends:\n" + log_tail());
+        throw std::runtime_error(command_ +
+                                 " closed its stdout without a \"listening\" line; its "
+                                 "stderr (" +
+                                 log_path_ + ") ends:\n" + log_tail());
       }
       pid_ = -1;
       const std::string what = command_ + " " + si::describe_status(status) +
@@ -371,8 +375,8 @@ class ServerProcess {
 /// missing or too old, or npm ci failed; the test should GTEST_SKIP() with it. Throws if
 /// install.sh fails otherwise.
 inline std::optional<std::string> object_store_unavailable(
-    const std::filesystem::path& build_dir = std::filesystem::path(FERRY_OBJECT_STORE_DIR)
-                                                 .parent_path()) {
+    const std::filesystem::path& build_dir =
+        std::filesystem::path(FERRY_OBJECT_STORE_DIR).parent_path()) {
   namespace si = server_internal;
   const std::string script = std::string(FERRY_TEST_SUPPORT_DIR) + "/object_store/install.sh";
   std::vector<std::string> argv = {"/bin/sh", script, build_dir.string()};
@@ -416,18 +420,17 @@ inline std::optional<std::string> object_store_unavailable(
 /// Call object_store_unavailable() first: without the node packages it throws.
 inline ServerProcess start_s3(const std::filesystem::path& dir,
                               const std::vector<std::string>& buckets = {}) {
-  std::vector<std::string> argv = {"node",
-                                   std::string(FERRY_TEST_SUPPORT_DIR) +
-                                       "/object_store/s3_server.js",
-                                   "--dir", dir.string()};
+  std::vector<std::string> argv = {
+      "node", std::string(FERRY_TEST_SUPPORT_DIR) + "/object_store/s3_server.js", "--dir",
+      dir.string()};
   for (const std::string& bucket : buckets) {
     argv.push_back("--bucket");
     argv.push_back(bucket);
   }
   // require() looks beside the script, not in the build folder, unless NODE_PATH says where.
   return ServerProcess(
-      std::move(argv), {.env = {{"NODE_PATH", std::string(FERRY_OBJECT_STORE_DIR) +
-                                                  "/node_modules"}}});
+      std::move(argv),
+      {.env = {{"NODE_PATH", std::string(FERRY_OBJECT_STORE_DIR) + "/node_modules"}}});
 }
 
 /// nginx serving the files under `dir` at url() + "/RELATIVE/PATH", with ranges, ETag and
