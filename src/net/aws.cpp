@@ -1,8 +1,12 @@
 #include "net/aws.h"
 
+#include <sys/stat.h>
+
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <mutex>
+#include <optional>
 
 #include "ferry/error.h"
 
@@ -152,6 +156,35 @@ S3Settings resolve_s3_settings() {
     s.addressing = style;
   }
   return s;
+}
+
+// The settings once per process while the environment and the AWS files stay as they were.
+S3Settings cached_s3_settings() {
+  static std::mutex mutex;
+  static std::string cached_key;
+  static std::optional<S3Settings> cached;
+  std::string key;
+  for (const char* name :
+       {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+        "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
+        "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE", "FERRY_S3_ADDRESSING_STYLE", "HOME"}) {
+    const char* v = std::getenv(name);
+    key += v == nullptr ? std::string("\x01") : std::string(v);
+    key += '\0';
+  }
+  for (const std::string& path : {home_file("AWS_SHARED_CREDENTIALS_FILE", "credentials"),
+                                  home_file("AWS_CONFIG_FILE", "config")}) {
+    struct stat st {};
+    if (!path.empty() && ::stat(path.c_str(), &st) == 0) {
+      key += str(st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec, ":", st.st_size, ";");
+    }
+  }
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (!cached || key != cached_key) {
+    cached = resolve_s3_settings();
+    cached_key = std::move(key);
+  }
+  return *cached;
 }
 
 bool S3Settings::path_style(const std::string& bucket) const {

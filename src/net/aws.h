@@ -37,4 +37,8 @@ struct S3Settings {
 // found, or half a key pair.
 S3Settings resolve_s3_settings();
 
+// resolve_s3_settings(), read again only when the environment or the AWS files changed (a
+// map-style dataset asks at every sample: one stat per file, not a read).
+S3Settings cached_s3_settings();
+
 }  // namespace ferry::net

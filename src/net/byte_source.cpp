@@ -307,42 +307,6 @@ std::string xml_unescape(std::string s) {
   return s;
 }
 
-// The S3 settings, read once per process while the environment and the AWS files stay as they
-// were (a map-style dataset asks for every sample: one stat per file, not a read).
-S3Settings cached_s3_settings() {
-  static std::mutex mutex;
-  static std::string cached_key;
-  static std::optional<S3Settings> cached;
-  std::string key;
-  for (const char* name :
-       {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
-        "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
-        "AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE", "FERRY_S3_ADDRESSING_STYLE", "HOME"}) {
-    const char* v = std::getenv(name);
-    key += v == nullptr ? std::string("\x01") : std::string(v);
-    key += '\0';
-  }
-  const char* home = std::getenv("HOME");
-  for (const char* override_var : {"AWS_SHARED_CREDENTIALS_FILE", "AWS_CONFIG_FILE"}) {
-    const char* v = std::getenv(override_var);
-    const std::string path =
-        v != nullptr && *v != '\0' ? std::string(v)
-        : home != nullptr
-            ? std::string(home) + (override_var[4] == 'S' ? "/.aws/credentials" : "/.aws/config")
-            : std::string();
-    struct stat st {};
-    if (!path.empty() && ::stat(path.c_str(), &st) == 0) {
-      key += str(st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec, ":", st.st_size, ";");
-    }
-  }
-  const std::lock_guard<std::mutex> lock(mutex);
-  if (!cached || key != cached_key) {
-    cached = resolve_s3_settings();
-    cached_key = std::move(key);
-  }
-  return *cached;
-}
-
 }  // namespace
 
 Request request_for(const std::string& location, const RetryPolicy& retry) {
