@@ -1,5 +1,6 @@
 #include "net/aws.h"
 
+#include <pthread.h>
 #include <sys/stat.h>
 
 #include <cstdlib>
@@ -158,9 +159,20 @@ S3Settings resolve_s3_settings() {
   return s;
 }
 
+namespace {
+// Held across fork() (pthread_atfork): a child never inherits it locked by another thread of the
+// parent (one reading ahead: net/prefetch.h), nor the cache half-written.
+std::mutex g_settings_mutex;
+const bool g_settings_atfork = [] {
+  ::pthread_atfork([] { g_settings_mutex.lock(); }, [] { g_settings_mutex.unlock(); },
+                   [] { g_settings_mutex.unlock(); });
+  return true;
+}();
+}  // namespace
+
 // The settings once per process while the environment and the AWS files stay as they were.
 S3Settings cached_s3_settings() {
-  static std::mutex mutex;
+  std::mutex& mutex = g_settings_mutex;
   static std::string cached_key;
   static std::optional<S3Settings> cached;
   std::string key;

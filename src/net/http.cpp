@@ -227,19 +227,36 @@ std::string describe_failure(const Request& r,
   return s;
 }
 
-void backoff(const RetryPolicy& p, int failures) {
+bool cancelled(const Request& r) noexcept {
+  return r.cancel != nullptr && r.cancel->load(std::memory_order_relaxed);
+}
+
+[[noreturn]] void throw_cancelled(const Request& r) {
+  throw Error(str(r.display, ": the request was cancelled"));
+}
+
+void backoff(const Request& r, int failures) {
+  const RetryPolicy& p = r.retry;
   thread_local std::minstd_rand rng(std::random_device{}() ^ static_cast<unsigned>(::getpid()));
   const auto cap =
       std::min<std::int64_t>(p.max_delay.count(), p.base_delay.count() << std::min(failures, 20));
   std::uniform_int_distribution<std::int64_t> jitter(0, std::max<std::int64_t>(cap, 1));
   ++g_retries;
-  std::this_thread::sleep_for(std::chrono::milliseconds(jitter(rng)));
+  // In slices, so that a cancelled request does not sleep on.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(jitter(rng));
+  while (std::chrono::steady_clock::now() < until) {
+    if (cancelled(r)) throw_cancelled(r);
+    std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
+        std::chrono::milliseconds(50), until - std::chrono::steady_clock::now()));
+  }
 }
 
 // Cuts a transfer after `limit` without a byte either way (a stalled connection is retried).
 // curl's own low-speed limit averages over seconds and lets a stall after a burst run on.
+// Also ends it when `cancel` is set.
 struct StallWatch {
   std::chrono::seconds limit;
+  const std::atomic<bool>* cancel = nullptr;
   std::chrono::steady_clock::time_point last = std::chrono::steady_clock::now();
   curl_off_t seen = -1;
   bool stalled = false;
@@ -251,6 +268,7 @@ struct StallWatch {
   }
   static int on_progress(void* user, curl_off_t, curl_off_t now, curl_off_t, curl_off_t up) {
     auto* w = static_cast<StallWatch*>(user);
+    if (w->cancel != nullptr && w->cancel->load(std::memory_order_relaxed)) return 1;
     const auto t = std::chrono::steady_clock::now();
     if (now + up != w->seen) {
       w->seen = now + up;
@@ -328,6 +346,7 @@ Answer perform(const Request& r,
   int failures = 0;
   int attempts = 0;
   while (true) {
+    if (cancelled(r)) throw_cancelled(r);
     CURL* easy = thread_easy();
     HeaderList headers;
     configure(easy, r, headers);
@@ -352,11 +371,13 @@ Answer perform(const Request& r,
       Answer* answer;
       Sink* sink;
       std::exception_ptr failure;
-    } context{&answer, &sink, nullptr};
+      const std::atomic<bool>* cancel;
+    } context{&answer, &sink, nullptr, r.cancel};
     auto write = +[](char* data, std::size_t size, std::size_t n, void* user) -> std::size_t {
       auto* c = static_cast<Context*>(user);
       const std::size_t bytes = size * n;
       try {  // nothing may unwind through curl
+        if (c->cancel != nullptr && c->cancel->load(std::memory_order_relaxed)) return 0;
         if (c->answer->status < 200 || c->answer->status >= 300) {
           if (c->answer->error_body.size() < 65536) c->answer->error_body.append(data, bytes);
           return bytes;
@@ -371,7 +392,7 @@ Answer perform(const Request& r,
     };
     ::curl_easy_setopt(easy, CURLOPT_WRITEFUNCTION, write);
     ::curl_easy_setopt(easy, CURLOPT_WRITEDATA, &context);
-    StallWatch watch{r.retry.stall_timeout};
+    StallWatch watch{r.retry.stall_timeout, r.cancel};
     watch.arm(easy);
     ++g_requests;
     ++attempts;
@@ -383,6 +404,7 @@ Answer perform(const Request& r,
     }
     observe(started, g_bytes.load(std::memory_order_relaxed) - bytes_before);
     if (context.failure) std::rethrow_exception(context.failure);
+    if (cancelled(r)) throw_cancelled(r);
     const std::string code = xml_field(answer.error_body, "Code");
     if (answer.result == CURLE_WRITE_ERROR) return answer;  // the sink stopped it
     if (answer.result == CURLE_OK && answer.status >= 200 && answer.status < 300) return answer;
@@ -401,7 +423,7 @@ Answer perform(const Request& r,
                            attempts),
           transport ? 0 : answer.status, code);
     }
-    backoff(r.retry, failures);
+    backoff(r, failures);
   }
 }
 
@@ -634,7 +656,7 @@ void HttpStream::fail_or_retry(long status, const std::string& why, bool retryab
                     status, code);
   }
   transfer_.reset();
-  backoff(request_.retry, failures_);
+  backoff(request_, failures_);
   start();
 }
 
@@ -696,6 +718,7 @@ std::size_t HttpStream::read(std::uint8_t* out, std::size_t n) {
 bool HttpStream::fill() {
   auto waiting_since = std::chrono::steady_clock::now();
   while (true) {
+    if (cancelled(request_)) throw_cancelled(request_);  // polls below wait 200 ms at most
     Transfer& t = *transfer_;
     take_answer();
     if (t.failure) std::rethrow_exception(std::exchange(t.failure, nullptr));

@@ -14,6 +14,7 @@
 // needs one, and a handle that came through fork() is dropped unused (the child's copy of the
 // parent's connection is never written to). Nothing of curl is shared across a fork.
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -46,6 +47,10 @@ struct Request {
   std::shared_ptr<const S3Credentials> credentials;
   std::string credentials_source;  // where they came from (named in a 403's message), or ""
   RetryPolicy retry{};
+  // Set (by another thread) to give the request up: it ends with ferry::Error ("cancelled") in
+  // the middle of a body or a retry's backoff, or within about a second while it waits for an
+  // answer (curl's progress callback slows to one call a second on a silent connection).
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 // A request that failed for good.

@@ -1,6 +1,7 @@
 #include "net/shard_cache.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -121,6 +122,13 @@ struct Verified {
 std::mutex g_verified_mutex;
 std::unordered_map<std::string, Verified> g_verified;  // by data path
 std::unordered_set<std::string> g_created;             // cache folders made or found
+// The mutex is held across fork() (pthread_atfork): a child never inherits it locked by another
+// thread of the parent (one reading ahead: net/prefetch.h), nor the memo half-written.
+const bool g_verified_atfork = [] {
+  ::pthread_atfork([] { g_verified_mutex.lock(); }, [] { g_verified_mutex.unlock(); },
+                   [] { g_verified_mutex.unlock(); });
+  return true;
+}();
 
 bool verified(const fs::path& data, const std::optional<ObjectInfo>& expected) {
   Verified v;
@@ -181,6 +189,11 @@ std::unique_ptr<ByteSource> ShardCache::open(const std::string& location,
   }
 }
 
+bool ShardCache::known_complete(const std::string& location,
+                                const std::optional<ObjectInfo>& expected) const {
+  return verified(fs::path(dir_) / entry_name(location), expected);
+}
+
 std::string ShardCache::ensure(const std::string& location,
                                const std::optional<ObjectInfo>& expected,
                                const RetryPolicy& retry,
@@ -206,6 +219,9 @@ std::string ShardCache::ensure(const std::string& location,
   std::uintmax_t last_size = 0;
   auto last_change = std::chrono::steady_clock::now();
   while (!lock.try_lock()) {
+    if (cancel != nullptr && cancel->load(std::memory_order_relaxed)) {
+      throw Error(str("shard cache: the wait for ", redact(location), " was cancelled"));
+    }
     std::uintmax_t size = 0;
     std::error_code ec;
     for (const ipc::DirectoryEntry& e : ipc::list_directory(dir_, ec)) {
@@ -242,7 +258,9 @@ std::string ShardCache::ensure(const std::string& location,
       throw Error(str("shard cache: cannot create ", tmp.string(), ": ", std::strerror(errno)));
     }
     try {
-      HttpStream stream(request_for(location, retry), 0);
+      Request request = request_for(location, retry);
+      request.cancel = cancel;  // ends a wait for an answer too, not only between chunks
+      HttpStream stream(std::move(request), 0);
       std::vector<std::uint8_t> buffer(1 << 20);
       std::uint64_t total = 0;
       while (const std::size_t n = stream.read(buffer.data(), buffer.size())) {

@@ -53,6 +53,10 @@ class ShardCache {
                                    const std::optional<ObjectInfo>& expected,
                                    const RetryPolicy& retry);
 
+  // Whether this process has already found (or made) a complete copy of `location` matching
+  // `expected` that is still there: no download to start. A stat, no lock.
+  bool known_complete(const std::string& location, const std::optional<ObjectInfo>& expected) const;
+
   const std::string& dir() const noexcept { return dir_; }
 
  private:
