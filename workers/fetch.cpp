@@ -157,6 +157,7 @@ FetchedBatch fetch_batch(const Dataset& dataset,
       out.stopped = true;
       return out;
     }
+    if (i > 0 && options.between_samples) options.between_samples();
     if (options.before_sample) options.before_sample(indices[i]);
     std::exception_ptr error;
     try {

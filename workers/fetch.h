@@ -42,6 +42,9 @@ struct FetchOptions {
   std::function<void(std::int64_t index)> before_sample{};
   std::function<void()> after_sample{};
   std::function<bool()> stop_requested{};
+  // Sequential loading only: called between samples (a worker looks for tasks queued behind
+  // this one, to tell the dataset what comes next: Dataset::prefetch).
+  std::function<void()> between_samples{};
   // A worker's status page: each loading thread marks the sample in hand there. Null: none.
   WorkerStatusPage* status = nullptr;
 };

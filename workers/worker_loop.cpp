@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <mutex>
 #include <optional>
@@ -263,6 +264,11 @@ class Worker {
       };
     }
     fetch_options_.stop_requested = [this] { return index_.peer_hung_up(); };
+    if (spec.dataset) {
+      fetch_options_.between_samples = [this] { look_ahead(); };
+    } else {
+      hints_ = false;  // an iterable dataset reads its own way
+    }
     fetch_options_.status = spec.status;
   }
 
@@ -279,20 +285,23 @@ class Worker {
     std::vector<ipc::UniqueFd> fds;
     last_sent_ns_ = now_ns();
     for (;;) {
-      fds.clear();
-      bool got = false;
-      try {
-        if (spec_.spin) (void)index_.spin_until_readable();
-        got = index_.receive(bytes, fds);
-      } catch (...) {
-        fatal(0, "the index channel failed: ");
-      }
-      if (!got) exit_now(0);  // the main process closed its end: shut down
       ipc::IndexMessage message;
-      try {
-        message = ipc::decode_index(bytes);
-      } catch (...) {
-        fatal(0, "a malformed message arrived on the index channel: ");
+      if (!ahead_.empty()) {  // read earlier by look_ahead()
+        message = std::move(ahead_.front());
+        ahead_.pop_front();
+      } else {
+        if (closed_) exit_now(0);
+        fds.clear();
+        bool got = false;
+        try {
+          if (spec_.spin) (void)index_.spin_until_readable();
+          got = index_.receive(bytes, fds);
+        } catch (...) {
+          fatal(0, "the index channel failed: ");
+        }
+        if (!got) exit_now(0);  // the main process closed its end: shut down
+        message = decode(bytes);
+        if (const auto* task = std::get_if<ipc::TaskMessage>(&message)) hint(*task);
       }
       if (auto* task = std::get_if<ipc::TaskMessage>(&message)) {
         timing_ = {};
@@ -302,6 +311,7 @@ class Worker {
         }
         spans_.clear();
         for (const auto id : task->recycled) pool_.release(id);
+        look_ahead();
         handle(*task);
       } else if (auto* recycle = std::get_if<ipc::RecycleMessage>(&message)) {
         for (const auto id : recycle->segment_ids) pool_.release(id);
@@ -333,6 +343,58 @@ class Worker {
    private:
     WorkerStatusPage* page_;
   };
+
+  ipc::IndexMessage decode(const std::vector<std::byte>& bytes) {
+    try {
+      return ipc::decode_index(bytes);
+    } catch (...) {
+      fatal(0, "a malformed message arrived on the index channel: ");
+    }
+  }
+
+  // Tells the dataset which samples this worker loads next (Dataset::prefetch), until it says
+  // hints are of no use to it.
+  void hint(const ipc::TaskMessage& task) {
+    if (!hints_ || !spec_.dataset) return;
+    std::vector<SkippedSample> left_out;
+    const std::vector<std::int64_t> indices = indices_to_load(task, left_out);
+    std::vector<std::size_t> wanted;
+    wanted.reserve(indices.size());
+    for (const std::int64_t i : indices) {
+      if (i >= 0) wanted.push_back(static_cast<std::size_t>(i));
+    }
+    try {
+      hints_ = spec_.dataset->prefetch(wanted);
+    } catch (...) {
+      // A hint that fails is dropped: the samples load when their turn comes, and say then
+      // what is wrong.
+    }
+  }
+
+  // Reads the messages already waiting behind the task in hand (the main process sends up to
+  // prefetch_factor tasks ahead), without waiting, and hints their samples in order. They are
+  // handled in the order they came, as if read one by one.
+  void look_ahead() {
+    if (!hints_ || closed_) return;
+    std::vector<std::byte> bytes;
+    std::vector<ipc::UniqueFd> fds;
+    while (index_.readable_now()) {
+      ipc::Channel::Received got = ipc::Channel::Received::kNotYet;
+      try {
+        got = index_.try_receive(bytes, fds);
+      } catch (...) {
+        fatal(0, "the index channel failed: ");
+      }
+      if (got == ipc::Channel::Received::kClosed) {
+        closed_ = true;  // shut down once the messages read are handled
+        return;
+      }
+      if (got != ipc::Channel::Received::kMessage) return;
+      ahead_.push_back(decode(bytes));
+      if (const auto* task = std::get_if<ipc::TaskMessage>(&ahead_.back())) hint(*task);
+      if (!hints_) return;
+    }
+  }
 
   // The task's indices less those it says to leave out (quarantined samples), which go to
   // `skipped` with their records, once per occurrence.
@@ -629,6 +691,11 @@ class Worker {
   FetchOptions fetch_options_;
   std::optional<collate::BatchLayout> last_layout_;  // the last default-collated batch's
   std::optional<SampleWatchdog> watchdog_;           // armed around each sample (sample_timeout)
+  // Reading ahead: messages look_ahead() read behind the task in hand, whether the dataset
+  // takes hints, and whether the main process has closed the index channel.
+  std::deque<ipc::IndexMessage> ahead_;
+  bool hints_ = true;
+  bool closed_ = false;
   // Stats and the trace: the task in hand's timing and spans, when the last batch went out.
   ipc::WorkerTiming timing_;
   std::vector<ipc::SpanRecord> spans_;

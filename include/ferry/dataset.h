@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,14 @@ class Dataset : public detail::Registered {
   /// Loads sample `index` (0 <= index < size()). Throw to report a bad sample: the loader raises
   /// the error in the training loop with the index, worker and batch attached.
   virtual Example get(std::size_t index, SampleContext& ctx) const = 0;
+  /// A hint: the samples this process will load next, in the order it will load them (a worker
+  /// gives its batch's indices when it starts it, then those of the batches queued behind it).
+  /// A dataset that reads over a network may start reading them on threads of its own; `get`
+  /// must still return the same sample for any index at any time, hinted or not. Return false
+  /// when hints are of no use to this dataset (the default): the loader then stops giving them.
+  virtual bool prefetch([[maybe_unused]] std::span<const std::size_t> indices) const {
+    return false;
+  }
   /// A copy of this dataset that applies `transforms` to each sample itself, or null (the
   /// default) to have a TransformedDataset apply them after `get`. Image datasets take them so
   /// that a file is decoded straight into the first crop or resize (see ferry::apply_transforms).

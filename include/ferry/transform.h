@@ -41,6 +41,9 @@ class TransformedDataset : public Dataset {
   TransformedDataset(std::shared_ptr<const Dataset> dataset, TransformList transforms);
   std::size_t size() const override { return dataset_->size(); }
   Example get(std::size_t index, SampleContext& ctx) const override;
+  bool prefetch(std::span<const std::size_t> indices) const override {
+    return dataset_->prefetch(indices);
+  }
   const Dataset& base() const noexcept { return *dataset_; }
 
  private:

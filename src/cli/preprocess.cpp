@@ -71,6 +71,9 @@ class EncodeDataset : public Dataset {
                       : std::make_shared<const vision::Compose>(job.transforms)) {}
 
   std::size_t size() const override { return input_->size(); }
+  bool prefetch(std::span<const std::size_t> indices) const override {
+    return input_->prefetch(indices);
+  }
 
   Example get(std::size_t index, SampleContext& ctx) const override {
     torch::Tensor meta = torch::zeros({kMetaSize}, torch::kInt64);

@@ -20,6 +20,7 @@
 #include "datasets/tar.h"
 #include "ipc/files.h"
 #include "net/byte_source.h"
+#include "net/prefetch.h"
 #include "net/shard_cache.h"
 #include "net/url.h"
 #include "transforms/image_state.h"
@@ -304,6 +305,47 @@ const WebDataset::Field* find_image(const Sample& sample, const WebDatasetOption
   return nullptr;
 }
 
+const WebDataset::Field* find_label(const Sample& sample, const WebDatasetOptions& options) {
+  const WebDataset::Field* label = nullptr;
+  for (const auto& field : sample.fields) {
+    if (field.extension == options.label_extension) label = &field;
+  }
+  return label;
+}
+
+// A label is decimal text: more than 64 bytes of one is an error, found reading 65.
+std::uint64_t label_bytes(const WebDataset::Field* label) {
+  return label ? std::min<std::uint64_t>(label->size, 65) : 0;
+}
+
+// What one ranged GET of a remote sample covers: its image, and its label with it when the two
+// lie close (a WebDataset sample's members are adjacent), so that a sample costs one request.
+struct ByteSpan {
+  std::uint64_t offset = 0;
+  std::uint64_t size = 0;
+  bool contains(std::uint64_t at, std::uint64_t n) const {
+    return at >= offset && at + n <= offset + size;
+  }
+};
+
+ByteSpan span_of(const WebDataset::Field& image, const WebDataset::Field* label) {
+  if (label != nullptr) {
+    const std::uint64_t n = label_bytes(label);
+    const std::uint64_t lo = std::min(image.offset, label->offset);
+    const std::uint64_t hi = std::max(image.offset + image.size, label->offset + n);
+    if (hi - lo <= image.size + n + 65536) return {lo, hi - lo};
+  }
+  return {image.offset, image.size};
+}
+
+// Bytes read ahead, as a tensor that owns them.
+torch::Tensor tensor_of(std::vector<std::uint8_t> bytes) {
+  auto* owned = new std::vector<std::uint8_t>(std::move(bytes));
+  return torch::from_blob(
+      owned->data(), {static_cast<std::int64_t>(owned->size())}, [owned](void*) { delete owned; },
+      torch::kUInt8);
+}
+
 std::string image_choices(const WebDatasetOptions& options) {
   std::string s;
   for (const auto& e : options.image_extensions) s += (s.empty() ? "" : ", ") + e;
@@ -370,36 +412,40 @@ Example WebDataset::get(std::size_t index, SampleContext& ctx) const {
   }
   const std::string& shard = shards_[sample.shard];
   const bool remote = net::is_remote(shard);
-  const Field* label_field = nullptr;
-  for (const auto& field : sample.fields) {
-    if (field.extension == options_.label_extension) label_field = &field;
-  }
-  const std::uint64_t label_size = label_field ? std::min<std::uint64_t>(label_field->size, 65) : 0;
+  const Field* label_field = find_label(sample, options_);
+  const std::uint64_t label_size = label_bytes(label_field);
   if (remote && options_.cache_dir.empty()) {
-    // By byte ranges: one GET for the image and the label together when they lie close (a
-    // WebDataset sample's members are adjacent), so a sample costs one request.
-    const vision::detail::TarReader reader =
-        reader_of(shard, &remote_[sample.shard], retry_of(options_));
-    if (label_field != nullptr) {
-      const std::uint64_t lo = std::min(image->offset, label_field->offset);
-      const std::uint64_t hi =
-          std::max(image->offset + image->size, label_field->offset + label_size);
-      if (hi - lo <= image->size + label_size + 65536) {
-        const torch::Tensor span = read_member(reader, lo, hi - lo);
-        const auto at = [&](std::uint64_t offset, std::uint64_t size) {
-          return span
-              .narrow(0, static_cast<std::int64_t>(offset - lo), static_cast<std::int64_t>(size))
-              .clone();
-        };
-        return make_example(options_, pipeline_, at(image->offset, image->size),
-                            at(label_field->offset, label_size), sample.key,
-                            static_cast<std::int64_t>(index), where, ctx);
+    // By byte ranges: read ahead when prefetch() asked for it, else now.
+    const ByteSpan span = span_of(*image, label_field);
+    torch::Tensor bytes;
+    if (net::Prefetcher* ahead = read_ahead_.slot->find()) {
+      if (auto held = ahead->take(index); held && held->size() == span.size) {
+        bytes = tensor_of(std::move(*held));
       }
     }
+    std::optional<vision::detail::TarReader> reader;
+    const auto read = [&](std::uint64_t offset, std::uint64_t size) {
+      if (!reader) reader.emplace(reader_of(shard, &remote_[sample.shard], retry_of(options_)));
+      return read_member(*reader, offset, size);
+    };
+    if (!bytes.defined()) bytes = read(span.offset, span.size);
+    const auto at = [&](std::uint64_t offset, std::uint64_t size) {
+      return bytes
+          .narrow(0, static_cast<std::int64_t>(offset - span.offset),
+                  static_cast<std::int64_t>(size))
+          .clone();
+    };
     std::optional<torch::Tensor> label;
-    if (label_field != nullptr) label = read_member(reader, label_field->offset, label_size);
-    return make_example(options_, pipeline_, read_member(reader, image->offset, image->size), label,
-                        sample.key, static_cast<std::int64_t>(index), where, ctx);
+    if (label_field != nullptr) {
+      label = span.contains(label_field->offset, label_size)
+                  ? at(label_field->offset, label_size)
+                  : read(label_field->offset, label_size);
+    }
+    torch::Tensor image_bytes = span.offset == image->offset && span.size == image->size
+                                    ? bytes
+                                    : at(image->offset, image->size);
+    return make_example(options_, pipeline_, std::move(image_bytes), std::move(label), sample.key,
+                        static_cast<std::int64_t>(index), where, ctx);
   }
   // A local file, or a remote shard's complete copy in the node-local cache.
   const vision::detail::TarReader reader =
@@ -414,6 +460,53 @@ Example WebDataset::get(std::size_t index, SampleContext& ctx) const {
   return make_example(options_, pipeline_, read_member(reader, image->offset, image->size), label,
                       sample.key, static_cast<std::int64_t>(index), where, ctx);
 }
+
+bool WebDataset::prefetch(std::span<const std::size_t> indices) const {
+  if (remote_.empty() || options_.prefetch == 0) return false;
+  net::Prefetcher::Limits limits;
+  limits.max_warm = options_.prefetch;
+  net::Prefetcher& ahead = read_ahead_.slot->get(limits);
+  ahead.new_round();
+  const net::RetryPolicy retry = retry_of(options_);
+  std::optional<net::ShardCache> cache;
+  if (!options_.cache_dir.empty()) cache.emplace(options_.cache_dir, options_.cache_limit);
+  for (const std::size_t index : indices) {
+    if (index >= samples_.size()) continue;  // get() says what is wrong with it
+    const Sample& sample = samples_[index];
+    const std::string& shard = shards_[sample.shard];
+    if (!net::is_remote(shard)) continue;
+    const net::ObjectInfo info{remote_[sample.shard].first, remote_[sample.shard].second};
+    if (cache) {  // the shard into the cache, unless this process knows it there
+      if (cache->known_complete(shard, info)) continue;
+      (void)ahead.warm(sample.shard, [dir = options_.cache_dir, limit = options_.cache_limit, shard,
+                                      info, retry](const std::atomic<bool>& cancel) {
+        (void)net::ShardCache(dir, limit).ensure(shard, info, retry, &cancel, false);
+      });
+      continue;
+    }
+    const Field* image = find_image(sample, options_);
+    if (image == nullptr) continue;  // get() says so
+    const ByteSpan span = span_of(*image, find_label(sample, options_));
+    (void)ahead.fetch(index, span.size,
+                      [request = net::request_for(shard, retry), etag = info.etag,
+                       span](const std::atomic<bool>& cancel) {
+                        net::Request r = request;
+                        r.cancel = &cancel;
+                        std::vector<std::uint8_t> bytes(span.size);
+                        net::http_read_range(r, etag, span.offset, span.size, bytes.data());
+                        return bytes;
+                      });
+  }
+  return true;
+}
+
+WebDataset::ReadAhead::ReadAhead() : slot(std::make_unique<net::PrefetcherSlot>()) {}
+WebDataset::ReadAhead::ReadAhead(const ReadAhead&) : ReadAhead() {}
+WebDataset::ReadAhead& WebDataset::ReadAhead::operator=(const ReadAhead&) {
+  slot = std::make_unique<net::PrefetcherSlot>();  // what was read ahead was for other samples
+  return *this;
+}
+WebDataset::ReadAhead::~ReadAhead() = default;
 
 std::shared_ptr<Dataset> WebDataset::with_transforms(const TransformList& transforms) const {
   auto copy = std::make_shared<WebDataset>(*this);

@@ -27,6 +27,20 @@ InProcessMapEpoch::InProcessMapEpoch(std::shared_ptr<const LoaderState> state,
   fetch_options_.skip_errors = state_->options.on_error == OnError::kSkip;
 }
 
+void InProcessMapEpoch::hint(std::size_t sequence) {
+  if (!hints_ || sequence < hinted_ || sequence >= plan_.size()) return;
+  hinted_ = sequence + 1;
+  std::vector<std::size_t> wanted;
+  for (const std::int64_t i : plan_.batch(sequence)) {
+    if (i >= 0) wanted.push_back(static_cast<std::size_t>(i));
+  }
+  try {
+    hints_ = state_->dataset->prefetch(wanted);
+  } catch (...) {
+    // Dropped: the samples load when their turn comes, and say then what is wrong.
+  }
+}
+
 std::optional<Batch> InProcessMapEpoch::next() {
   for (;;) {
     check_open(*state_);
@@ -39,6 +53,10 @@ std::optional<Batch> InProcessMapEpoch::next() {
     progress_.consumed(sequence);              // the loop gets it, or its error
     const workers::WorkerIdentity who{0, 1, *state_->options.seed};
     const auto indices = plan_.batch(sequence);
+    hint(sequence);  // this batch's samples, if not yet told, and the next one's to load
+    std::size_t next = sequence + 1;
+    while (resume_ && next < plan_.size() && resume_->skips(next)) ++next;
+    hint(next);
     // With the default collate, samples build their tensors straight in the batch's buffer (laid
     // out as the previous batch was), as they do in a worker's segment.
     fetch_options_.outputs = state_->collate_fn ? nullptr : in_place_.expect(indices.size());

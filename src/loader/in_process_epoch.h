@@ -29,6 +29,10 @@ class InProcessMapEpoch final : public EpochIterator {
   workers::FetchOptions fetch_options_;
   collate::InPlaceCollator in_place_;  // the default collate's buffers, taken before loading
   std::size_t position_ = 0;
+  // Dataset::prefetch: batches before this one were hinted; false once the dataset declines.
+  void hint(std::size_t sequence);
+  std::size_t hinted_ = 0;
+  bool hints_ = true;
 };
 
 // num_workers = 0 over an iterable dataset: one stream, read in the calling thread.

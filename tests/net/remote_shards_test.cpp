@@ -365,6 +365,99 @@ TEST_F(HttpShards, HttpUrlsAndPipesReadTheSameSamples) {
   EXPECT_TRUE(run_epoch(loader) == local) << "map-style over HTTP ranges";
 }
 
+// The Range header of sample `index`'s one GET (its image and its label, adjacent).
+std::string range_of(const WebDataset& dataset, std::size_t index) {
+  std::uint64_t lo = UINT64_MAX;
+  std::uint64_t hi = 0;
+  for (const WebDataset::Field& f : dataset.samples()[index].fields) {
+    lo = std::min(lo, f.offset);
+    hi = std::max(hi,
+                  f.offset + (f.extension == "cls" ? std::min<std::uint64_t>(f.size, 65) : f.size));
+  }
+  return "bytes=" + std::to_string(lo) + "-" + std::to_string(hi - 1);
+}
+
+// Sample `index`'s GET as the proxy logs it: its shard's path and its Range (the shards are laid
+// out alike, so a range alone names a sample of each).
+std::string get_of(const WebDataset& dataset, std::size_t index) {
+  const std::string& shard = dataset.shards()[dataset.samples()[index].shard];
+  return shard.substr(shard.rfind('/')) + " " + range_of(dataset, index);
+}
+
+// Map-style over HTTP ranges reads ahead in the sampler's order: while the last sample of the
+// first batch is held up at the proxy (2 s), the worker has already asked for every sample of the
+// second batch, which it was sent behind the first (without workers, the loop's thread asks for
+// the next batch's samples before it loads one). With `prefetch: 0` they are asked for only
+// after the first batch is done. The epoch equals the local one.
+TEST_F(HttpShards, MapStyleReadsTheNextBatchAheadInTheSamplersOrder) {
+  if (!http_) GTEST_SKIP() << "no HTTP server: " << http_skip_;
+  const fs::path plan = dir_ / "plan-ahead.json";
+  write_plan(plan, json::array());
+  for (const auto& [prefetch, workers] :
+       std::vector<std::pair<std::size_t, std::size_t>>{{1, 1}, {1, 0}, {0, 1}}) {
+    SCOPED_TRACE("prefetch " + std::to_string(prefetch) + ", " + std::to_string(workers) +
+                 " workers");
+    const fs::path log =
+        dir_ / ("ahead-" + std::to_string(prefetch) + "-" + std::to_string(workers) + ".log");
+    auto proxy = test::start_fault_proxy(http_->port(), plan, log);
+    WebDatasetOptions o;
+    o.prefetch = prefetch;
+    auto remote = std::make_shared<WebDataset>(
+        vision::expand_shards(proxy.url() + "/shard-{000000..000003}.tar"), o);
+    const std::string held_up = range_of(*remote, 3);
+    write_plan(
+        plan,
+        json::array({
+            {{"method", "GET"}, {"match", "/shard-000000.tar"}, {"range", held_up}, {"stall", 2.0}},
+            {{"method", "GET"}, {"times", -1}, {"stall", 0.05}},
+        }));
+    DataLoaderOptions options{.batch_size = 4, .num_workers = workers};
+    if (workers > 0) options.prefetch_factor = 2;
+    DataLoader loader(remote, options);
+    if (prefetch > 0) {
+      auto local = std::make_shared<WebDataset>(vision::expand_shards((dir_ / "local").string()),
+                                                WebDatasetOptions{});
+      DataLoader reference(local, options);
+      EXPECT_TRUE(run_epoch(loader) == run_epoch(reference));
+    } else {
+      std::size_t batches = 0;
+      for (auto& batch : loader) {
+        (void)batch;
+        if (++batches == 2) break;
+      }
+    }
+    write_plan(plan, json::array());
+    // The log's lines go out as each answer starts: the held-up one's 2 s after its request.
+    std::map<std::string, std::size_t> line_of;
+    std::map<std::string, int> gets;
+    const auto lines = log_lines(log);
+    for (std::size_t i = 0; i < lines.size(); ++i) {
+      const json entry = json::parse(lines[i]);
+      if (entry["method"] == "GET" && entry["range"].is_string()) {
+        const std::string get =
+            entry["path"].get<std::string>() + " " + entry["range"].get<std::string>();
+        line_of.emplace(get, i);
+        ++gets[get];
+      }
+    }
+    ASSERT_TRUE(line_of.count(get_of(*remote, 3))) << "no GET for sample 3";
+    const std::size_t held_line = line_of[get_of(*remote, 3)];
+    for (std::size_t i = 0; i < (prefetch > 0 ? remote->size() : 8); ++i) {
+      EXPECT_EQ(gets[get_of(*remote, i)], 1) << "GETs of sample " << i << ": read ahead, used once";
+    }
+    for (std::size_t i = 4; i < 8; ++i) {
+      const std::string range = get_of(*remote, i);
+      ASSERT_TRUE(line_of.count(range)) << "no GET for sample " << i;
+      if (prefetch > 0) {
+        EXPECT_LT(line_of[range], held_line)
+            << "sample " << i << " of the second batch was asked for ahead";
+      } else {
+        EXPECT_GT(line_of[range], held_line) << "sample " << i << ", prefetch: 0";
+      }
+    }
+  }
+}
+
 // A checkpoint taken mid-stream resumes from the shard and offset it names: a ranged GET, and
 // the rest of the epoch is what an uninterrupted run gives.
 TEST_F(RemoteShards, AStreamCheckpointResumesWithARangedGetAndLosesNothing) {

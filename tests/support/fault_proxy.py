@@ -24,6 +24,8 @@ few times over 100 ms, then answered with 500 FaultPlanError.
 The first fault whose filters fit and whose uses are not used up is applied to the request:
   match      substring of the request target (path and query as sent); absent: every request
   method     the request method, exactly ("GET", "HEAD", ...); absent: every method
+  range      the request's Range header, exactly ("bytes=0-99"); "" for a request without one;
+             absent: every request
   times      how many requests it applies to (default 1; negative: all of them); counted in
              memory by this proxy process, per fault (its position and its JSON text)
 Its action is named by "action" or, without it, by the first of these keys present:
@@ -272,7 +274,7 @@ class Plan:
                 )
         return action
 
-    def pick(self, method, target):
+    def pick(self, method, target, range_header):
         """(index, fault, action) of the fault to apply, counted as used, or (None, None, None)."""
         faults = self._load()
         with self.lock:
@@ -280,6 +282,8 @@ class Plan:
                 if "match" in fault and str(fault["match"]) not in target:
                     continue
                 if "method" in fault and fault["method"] != method:
+                    continue
+                if "range" in fault and fault["range"] != (range_header or ""):
                     continue
                 action = self.action_of(index, fault, self.path)
                 key = (index, json.dumps(fault, sort_keys=True))
@@ -365,7 +369,7 @@ class Handler(socketserver.BaseRequestHandler):
 
         entry = {"method": method, "path": target, "range": request.header("range")}
         try:
-            index, fault, action = server.plan.pick(method, target)
+            index, fault, action = server.plan.pick(method, target, request.header("range"))
         except PlanError as e:
             print(f"fault_proxy.py: {e}", file=sys.stderr, flush=True)
             server.log.write(**entry, action="plan_error", fault=None, status=500)

@@ -11,11 +11,16 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "ferry/dataset.h"
 #include "ferry/vision/datasets.h"
+
+namespace ferry::net {
+class PrefetcherSlot;
+}  // namespace ferry::net
 
 namespace ferry::vision {
 
@@ -49,7 +54,11 @@ struct WebDatasetOptions : ImageDatasetOptions {
   std::string cache_dir{};
   /// The cache's size in bytes (least recently used shards evicted beyond it); 0: no limit.
   std::uint64_t cache_limit = 0;
-  /// With a cache, a stream downloads this many of its next shards ahead of the one it reads.
+  /// Reading ahead (0: off). A stream with a cache downloads this many of its next shards ahead
+  /// of the one it reads; without one, it opens its next shard while it reads the current one.
+  /// Map-style, told which samples come next (Dataset::prefetch), reads them ahead: without a
+  /// cache by ranged GETs, up to 8 at once and 64 MiB held per process; with a cache, the shards
+  /// they lie in come into it, this many at a time.
   std::size_t prefetch = 1;
 };
 
@@ -60,6 +69,9 @@ class WebDataset : public Dataset {
   explicit WebDataset(std::vector<std::string> shards, WebDatasetOptions options = {});
   std::size_t size() const override { return samples_.size(); }
   Example get(std::size_t index, SampleContext& ctx) const override;
+  /// Remote shards: reads the samples ahead (see WebDatasetOptions::prefetch); false for local
+  /// shards or `prefetch: 0`.
+  bool prefetch(std::span<const std::size_t> indices) const override;
   std::shared_ptr<Dataset> with_transforms(const TransformList& transforms) const override;
 
   struct Field {
@@ -86,6 +98,15 @@ class WebDataset : public Dataset {
   // Remote shards: each object's size and ETag as construction found them (empty for local
   // shards); a sample's members are read with ranged GETs pinned to that ETag.
   std::vector<std::pair<std::uint64_t, std::string>> remote_;
+  // What prefetch() started in this process (made on the first hint); a copy starts without.
+  struct ReadAhead {
+    ReadAhead();
+    ReadAhead(const ReadAhead&);
+    ReadAhead& operator=(const ReadAhead&);
+    ~ReadAhead();
+    std::unique_ptr<net::PrefetcherSlot> slot;
+  };
+  mutable ReadAhead read_ahead_;
 };
 
 /// The same shards as a stream (an iterable dataset). `rank` and `world_size` default to the
