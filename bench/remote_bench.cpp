@@ -9,7 +9,13 @@
 // clang-format off
 //   build/bench/ferry_remote_bench                          # 2048 images of 256x256, 1 and 2 workers
 //   build/bench/ferry_remote_bench --images 4096 --repeat 5 --markdown
+//   build/bench/ferry_remote_bench --map --latency-ms 20   # map-style by ranges, read ahead or not
 // clang-format on
+//
+// --map compares map-style reading instead (webdataset, shuffled, one ranged GET per sample):
+// local disk, and S3 by ranges with `prefetch: 0` and with reading ahead (the default); with
+// --latency-ms, S3 is reached through the tests' fault proxy, which holds each GET that long
+// before it goes on (a store's time to first byte; loopback has almost none).
 
 #include <stdio.h>  // popen
 
@@ -21,6 +27,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -55,6 +62,8 @@ struct Args {
   bool markdown = false;
   std::string python = "/usr/bin/python3";
   fs::path dir;
+  bool map = false;
+  double latency_ms = 0;
 };
 
 // Shards of JPEGs (smooth gradients with noise: about the size of a photo's 256x256 crop).
@@ -97,6 +106,19 @@ double ferry_epoch(const std::string& spec, std::size_t workers, const std::stri
   auto dataset =
       std::make_shared<ferry::vision::WebDatasetStream>(ferry::vision::expand_shards(spec), o);
   ferry::DataLoader loader(dataset, {.batch_size = 32, .num_workers = workers});
+  const auto start = Clock::now();
+  std::size_t images = 0;
+  for (auto& batch : loader) images += batch.size();
+  return static_cast<double>(images) / std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// One shuffled epoch of map-style webdataset; images/s.
+double ferry_map_epoch(const std::string& spec, std::size_t workers, std::size_t prefetch) {
+  ferry::vision::WebDatasetOptions o;
+  o.prefetch = prefetch;
+  auto dataset = std::make_shared<ferry::vision::WebDataset>(ferry::vision::expand_shards(spec), o);
+  ferry::DataLoader loader(dataset,
+                           {.batch_size = 32, .shuffle = true, .num_workers = workers, .seed = 1});
   const auto start = Clock::now();
   std::size_t images = 0;
   for (auto& batch : loader) images += batch.size();
@@ -152,11 +174,15 @@ int main(int argc, char** argv) {
       a.markdown = true;
     } else if (arg == "--python") {
       a.python = value();
+    } else if (arg == "--map") {
+      a.map = true;
+    } else if (arg == "--latency-ms") {
+      a.latency_ms = std::stod(value());
     } else {
       std::fprintf(
           stderr,
           "usage: %s [--images N] [--shard-images N] [--workers W,..] [--repeat R] [--markdown] "
-          "[--python P]\n",
+          "[--python P] [--map [--latency-ms L]]\n",
           argv[0]);
       return 2;
     }
@@ -188,6 +214,58 @@ int main(int argc, char** argv) {
   std::printf("%zu images of %dx%d in %zu shards, %.1f MB; S3 server %s; median of %d\n", a.images,
               a.side, a.side, names.size(), static_cast<double>(bytes) / 1e6, s3.url().c_str(),
               a.repeat);
+
+  if (a.map) {
+    // The same shards through the fault proxy, which holds each GET latency_ms.
+    std::optional<ferry::test::ServerProcess> proxy;
+    std::string map_spec = s3_spec;
+    if (a.latency_ms > 0) {
+      const fs::path plan = a.dir / "plan.json";
+      std::ofstream(plan) << "{\"faults\": [{\"method\": \"GET\", \"times\": -1, \"stall\": "
+                          << a.latency_ms / 1000 << "}]}";
+      proxy.emplace(ferry::test::start_fault_proxy(s3.port(), plan, a.dir / "proxy.log"));
+      ::setenv("AWS_ENDPOINT_URL", proxy->url().c_str(), 1);
+    }
+    const char* map_rows[] = {"ferry map-style, local disk",
+                              "ferry map-style, S3 ranges, prefetch: 0",
+                              "ferry map-style, S3 ranges, read ahead"};
+    std::map<std::pair<int, std::size_t>, std::vector<double>> map_rates;
+    for (int r = 0; r < a.repeat; ++r) {
+      for (const std::size_t w : a.workers) {
+        map_rates[{0, w}].push_back(ferry_map_epoch(local_spec, w, 1));
+        map_rates[{1, w}].push_back(ferry_map_epoch(map_spec, w, 0));
+        map_rates[{2, w}].push_back(ferry_map_epoch(map_spec, w, 1));
+      }
+    }
+    std::printf("map-style, shuffled, batch 32; S3 %s\n",
+                a.latency_ms > 0 ? ("through a proxy holding each GET " +
+                                    std::to_string(static_cast<int>(a.latency_ms)) + " ms")
+                                       .c_str()
+                                 : "on loopback (no added latency)");
+    if (a.markdown) {
+      std::printf(
+          "\n| reader | workers | images/s | vs local | vs prefetch: 0 |\n"
+          "|---|---:|---:|---:|---:|\n");
+    }
+    for (const std::size_t w : a.workers) {
+      const double base = median(map_rates[{0, w}]);
+      const double off = median(map_rates[{1, w}]);
+      for (int k = 0; k < 3; ++k) {
+        const double v = median(map_rates[{k, w}]);
+        if (a.markdown) {
+          std::printf(
+              "| %s | %zu | %.0f | %.2fx | %s |\n", map_rows[k], w, v, base > 0 ? v / base : 0,
+              k == 0 ? "" : (std::to_string(off > 0 ? v / off : 0).substr(0, 4) + "x").c_str());
+        } else {
+          std::printf("%-42s workers %zu: %8.0f images/s  %.2fx local  %.2fx prefetch: 0\n",
+                      map_rows[k], w, v, base > 0 ? v / base : 0, off > 0 ? v / off : 0);
+        }
+      }
+    }
+    std::error_code ec;
+    fs::remove_all(a.dir, ec);
+    return 0;
+  }
 
   const char* rows[] = {"ferry, local disk",
                         "ferry, S3 stream (no cache)",
